@@ -1,0 +1,87 @@
+"""Causal attention over a paged KV cache for a packed batch of rows.
+
+Every row's new K/V is written into its pages BEFORE any row reads, so a row may read pages that
+another row of the same call writes (same-round sharing of a common prefix). A row that starts at
+position 0 reads its own fresh K/V directly, skipping the gather from the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .batch import BatchContext
+from .cache import ModelCache
+from .layers import RMSNorm, Rotary
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: BatchContext,
+                    cache: ModelCache, layer: int, scale: float) -> torch.Tensor:
+    """q [N, H, D], k/v [N, Hkv, D] (already normed/rotated) -> attention output [N, H, D]."""
+    k_pool = cache.k[layer].view(-1, k.shape[1], k.shape[2])
+    v_pool = cache.v[layer].view(-1, v.shape[1], v.shape[2])
+    k_pool.index_copy_(0, batch.kv_write_index, k.to(k_pool.dtype))
+    v_pool.index_copy_(0, batch.kv_write_index, v.to(v_pool.dtype))
+    out = torch.empty_like(q)
+    for i, row in enumerate(batch.rows):
+        lo, hi = batch.offsets[i], batch.offsets[i + 1]
+        if row.start == 0:
+            keys, values = k[lo:hi], v[lo:hi]
+        else:
+            ctx = batch.context_index(i)
+            keys, values = k_pool[ctx].to(q.dtype), v_pool[ctx].to(q.dtype)
+        out[lo:hi] = _attend(q[lo:hi], keys, values, batch.causal_mask(i), row.start == 0, scale)
+    return out
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+            fresh: bool, scale: float) -> torch.Tensor:
+    """One row: q [L, H, D] against k/v [S, Hkv, D]; grouped-query heads share KV heads."""
+    causal = fresh and q.shape[0] > 1
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return o[0].transpose(0, 1)
+
+
+class SelfAttention(nn.Module):
+    """Full attention layer over the paged cache, configurable for the three families.
+
+    `qk_norm`: None, "plain" (Qwen3) or "zero_centered" (Qwen3.5) per-head RMSNorm on q and k.
+    `output_gate`: q_proj also yields a per-channel gate, output *= sigmoid(gate) (Qwen3.5).
+    `rotary`: None for Nemotron-H, whose attention layers carry no positional encoding.
+    """
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, kv_index: int, *,
+                 eps: float = 1e-6, qk_norm: str | None = None, output_gate: bool = False,
+                 rotary: Rotary | None = None, bias: bool = False) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.kv_index, self.output_gate, self.rotary = kv_index, output_gate, rotary
+        self.q_proj = nn.Linear(hidden, heads * head_dim * (2 if output_gate else 1), bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        if qk_norm is not None:
+            self.q_norm = RMSNorm(head_dim, eps, zero_centered=qk_norm == "zero_centered")
+            self.k_norm = RMSNorm(head_dim, eps, zero_centered=qk_norm == "zero_centered")
+        self.qk_norm = qk_norm
+
+    def forward(self, x: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
+        n, d = x.shape[0], self.head_dim
+        q = self.q_proj(x).view(n, self.heads, -1)
+        gate = None
+        if self.output_gate:
+            q, gate = q[..., :d], q[..., d:]
+        k = self.k_proj(x).view(n, self.kv_heads, d)
+        v = self.v_proj(x).view(n, self.kv_heads, d)
+        if self.qk_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            cos, sin = batch.extras["rope"]  # type: ignore[misc]
+            q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+        o = paged_attention(q, k, v, batch, cache, self.kv_index, d ** -0.5).reshape(n, -1)
+        if gate is not None:
+            o = o * torch.sigmoid(gate.reshape(n, -1))
+        return self.o_proj(o)

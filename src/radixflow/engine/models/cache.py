@@ -1,0 +1,111 @@
+"""The engine's side of the hybrid prefix cache: row descriptions and the tensors they point into.
+
+`RowInput` is what the engine hands a model for one row of a round; `ModelCache` owns the paged KV
+tensors of the full-attention layers and the pooled state slots (`conv` window + recurrent `rec`)
+of the linear layers (Gated DeltaNet or Mamba-2). Which page or slot belongs to whom is decided
+elsewhere (the prefix index); this module only stores and copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class RowInput:
+    """One row of a batched forward (see the engine contract in docs/models.md)."""
+
+    token_ids: list[int]
+    start: int
+    page_table: list[int]
+    state_in: int | None = None
+    state_out: list[tuple[int, int]] = field(default_factory=list)
+    logits_at: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StateShape:
+    """Shapes of one linear layer's per-slot state: causal-conv window and recurrent state."""
+
+    conv: tuple[int, ...]
+    rec: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What a model needs stored: one KV head layout per attention layer, one state per linear layer."""
+
+    num_kv_layers: int
+    num_kv_heads: int
+    head_dim: int
+    states: tuple[StateShape, ...]
+
+
+class ModelCache:
+    """Paged KV for full-attention layers and slot-pooled states for linear layers.
+
+    k[i], v[i]: `[num_pages, block_size, n_kv_heads, head_dim]` for the i-th attention layer.
+    conv[j]: `[num_slots, *conv_shape]`, rec[j]: `[num_slots, *rec_shape]` for the j-th linear layer.
+    The recurrent state is kept in fp32 whatever `dtype` is: it accumulates over thousands of
+    tokens and bf16 drift would make a resumed prompt differ from an uninterrupted one.
+    """
+
+    def __init__(self, layout: CacheLayout, num_pages: int, block_size: int, num_state_slots: int,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        if num_pages < 1 or block_size < 1:
+            raise ValueError(f"num_pages ({num_pages}) and block_size ({block_size}) must be >= 1")
+        if layout.states and num_state_slots < 1:
+            raise ValueError("a hybrid model needs num_state_slots >= 1")
+        self.layout = layout
+        self.num_pages, self.block_size = num_pages, block_size
+        self.num_state_slots = num_state_slots if layout.states else 0
+        self.device, self.dtype = torch.device(device), dtype
+        kv_shape = (num_pages, block_size, layout.num_kv_heads, layout.head_dim)
+        self.k = [torch.zeros(kv_shape, device=device, dtype=dtype) for _ in range(layout.num_kv_layers)]
+        self.v = [torch.zeros(kv_shape, device=device, dtype=dtype) for _ in range(layout.num_kv_layers)]
+        n = self.num_state_slots
+        self.conv = [torch.zeros((n, *s.conv), device=device, dtype=dtype) for s in layout.states]
+        self.rec = [torch.zeros((n, *s.rec), device=device, dtype=torch.float32) for s in layout.states]
+
+    def copy_state(self, src_slot: int, dst_slot: int) -> None:
+        """Copy every linear layer's (conv, rec) state from one slot to another."""
+        self._check_slot(src_slot)
+        self._check_slot(dst_slot)
+        for pool in (*self.conv, *self.rec):
+            pool[dst_slot].copy_(pool[src_slot])
+
+    def copy_page(self, src_page: int, dst_page: int) -> None:
+        """Copy one KV page (all attention layers)."""
+        for p in (src_page, dst_page):
+            if not 0 <= p < self.num_pages:
+                raise IndexError(f"page {p} out of range [0, {self.num_pages})")
+        for pool in (*self.k, *self.v):
+            pool[dst_page].copy_(pool[src_page])
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        per_layer = 2 * self.layout.num_kv_heads * self.layout.head_dim * _itemsize(self.dtype)
+        return per_layer * self.layout.num_kv_layers
+
+    @property
+    def state_bytes_per_slot(self) -> int:
+        conv = sum(_numel(s.conv) for s in self.layout.states) * _itemsize(self.dtype)
+        rec = sum(_numel(s.rec) for s in self.layout.states) * _itemsize(torch.float32)
+        return conv + rec
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.num_state_slots:
+            raise IndexError(f"state slot {slot} out of range [0, {self.num_state_slots})")
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

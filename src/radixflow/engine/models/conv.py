@@ -1,0 +1,36 @@
+"""Depthwise causal conv1d over packed rows, each continuing from its saved input window.
+
+The rows are laid out flat as `[saved K-1 inputs, tokens]` per row and convolved in ONE call
+without padding: a token's window never reaches past its own row's saved inputs, and the outputs
+that straddle two rows are simply never read. The window after n tokens (a state snapshot) is a
+slice of the same flat tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .batch import BatchContext
+from .cache import ModelCache
+from .states import initial_states, save_states
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, batch: BatchContext,
+                cache: ModelCache, layer: int) -> torch.Tensor:
+    """x [N, C] -> silu(conv(x)) [N, C]; saves the windows listed in state_out to cache.conv[layer].
+
+    weight: [C, 1, K] (depthwise). cache.conv[layer]: [slots, C, K-1].
+    """
+    kernel = weight.shape[-1]
+    plan = batch.conv_plan(kernel)
+    pool = cache.conv[layer]
+    init = initial_states(pool, batch)                        # [R, C, K-1]
+    flat = x.new_empty(plan.total, x.shape[1])
+    flat[plan.state_pos] = init.transpose(1, 2).reshape(-1, x.shape[1]).to(x.dtype)
+    flat[plan.token_pos] = x
+    y = F.conv1d(flat.t()[None], weight.to(x.dtype), bias, groups=x.shape[1])[0]  # [C, total-K+1]
+    # output j covers inputs [j, j+K-1], i.e. the token at flat position j + K - 1
+    out = y[:, plan.token_pos - plan.width].t()
+    save_states(pool, plan.capture_slots, flat[plan.capture_pos].transpose(1, 2))
+    return F.silu(out)

@@ -1,0 +1,93 @@
+"""The gated delta rule (Gated DeltaNet's recurrence) for packed rows: chunked prefill, recurrent decode.
+
+Per head, with state S [dk, dv], log-decay g_t <= 0 and write strength beta_t:
+    S_t = exp(g_t) S_{t-1} + k_t u_t^T,   u_t = beta_t (v_t - (exp(g_t) S_{t-1})^T k_t),   o_t = S_t^T q_t
+
+Chunked form (chunk of C tokens, G = cumulative g inside the chunk, Gamma_ij = exp(G_i - G_j)):
+    (I + A) U = beta V,  (I + A) W = beta exp(G) K,   A_ij = beta_i Gamma_ij k_i.k_j  for j < i
+    U' = U - W S;   O = (Q exp(G)) S + (Q K^T * Gamma, j <= i) U';   S <- exp(G_C) S + (K exp(G_C - G))^T U'
+The intra-chunk part runs once for all chunks of all rows; only the short state update loops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .batch import BatchContext, ChunkPlan
+from .cache import ModelCache
+from .states import initial_states, save_states
+
+
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     batch: BatchContext, cache: ModelCache, layer: int, chunk: int = 64) -> torch.Tensor:
+    """q, k [N, H, dk] (normalised, q pre-scaled), v [N, H, dv], g, beta [N, H] -> o [N, H, dv] fp32."""
+    pool = cache.rec[layer]
+    init = initial_states(pool, batch)          # every row's state read before any is written
+    out = v.new_empty(v.shape, dtype=torch.float32)
+    args = [t.float() for t in (q, k, v, g, beta)]
+    if batch.decode_rows:
+        _decode(args, init, batch, pool, out)
+    if batch.prefill_rows:
+        _prefill(args, init, batch.chunk_plan(chunk), pool, out)
+    return out
+
+
+def _decode(args: list[torch.Tensor], init: torch.Tensor, batch: BatchContext, pool: torch.Tensor,
+            out: torch.Tensor) -> None:
+    """One token per row: the recurrence itself, batched over the decode rows."""
+    idx = batch.decode_token_index
+    q, k, v, g, beta = (t[idx] for t in args)
+    rows = torch.tensor(batch.decode_rows, dtype=torch.long, device=idx.device)
+    s = init[rows] * g.exp()[..., None, None]
+    u = beta[..., None] * (v - torch.einsum("rhk,rhkv->rhv", k, s))
+    s = s + k[..., :, None] * u[..., None, :]
+    out[idx] = torch.einsum("rhk,rhkv->rhv", q, s)
+    local, slots = batch.decode_captures
+    save_states(pool, slots, s[local])
+
+
+def _prefill(args: list[torch.Tensor], init: torch.Tensor, plan: ChunkPlan, pool: torch.Tensor,
+             out: torch.Tensor) -> None:
+    q, k, v, g, beta = (plan.to_chunks(t) for t in args)  # [M, H, C, ...]
+    pre = _intra_chunk(q, k, v, g, beta)
+    rows = torch.tensor(plan.rows, dtype=torch.long, device=q.device)
+    state = init[rows]
+    o = torch.empty_like(v)
+    for step, (active, ids) in enumerate(plan.steps):
+        s = state if active is None else state[active]
+        o[ids], s = _scan_chunk(s, *(t[ids] for t in pre))
+        if active is None:
+            state = s
+        else:
+            state[active] = s
+        if step in plan.captures:
+            local, slots = plan.captures[step]
+            save_states(pool, slots, state[local])
+    flat = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[-1])      # [M*C, H, dv]
+    out[plan.token_index] = flat[plan.flat_index]
+
+
+
+def _intra_chunk(q, k, v, g, beta):
+    """Everything that does not depend on the incoming state, for all chunks at once."""
+    c = q.shape[2]
+    cum = g.cumsum(-1)                                                    # [M, H, C]
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+    a = ((k @ k.transpose(-1, -2)) * gamma * beta[..., :, None]).tril(-1)
+    eye = torch.eye(c, dtype=q.dtype, device=q.device)
+    rhs = torch.cat((v * beta[..., None], k * (beta * cum.exp())[..., None]), dim=-1)
+    sol = torch.linalg.solve_triangular(a + eye, rhs, upper=False, unitriangular=True)
+    u, w = sol[..., :v.shape[-1]], sol[..., v.shape[-1]:]
+    qk = (q @ k.transpose(-1, -2)) * gamma
+    q_dec = q * cum.exp()[..., None]
+    k_dec = k * (cum[..., -1:] - cum).exp()[..., None]
+    return u, w, qk, q_dec, k_dec, cum[..., -1].exp()
+
+
+def _scan_chunk(s, u, w, qk, q_dec, k_dec, decay):
+    """Apply one chunk to states s [R, H, dk, dv]: returns (outputs [R, H, C, dv], new states)."""
+    u = u - w @ s
+    o = q_dec @ s + qk @ u
+    s = s * decay[..., None, None] + k_dec.transpose(-1, -2) @ u
+    return o, s

@@ -1,0 +1,108 @@
+"""Building blocks shared by the model families: RMSNorm variants, rotary embedding, MLPs.
+
+Parameter names follow the Hugging Face checkpoint layout (`weight`, `gate_proj`, ...) so that a
+checkpoint's state dict loads into our modules without renaming.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) over the last dim, computed in fp32."""
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm. `zero_centered`: the stored weight is an offset from 1 (Qwen3.5's convention)."""
+
+    def __init__(self, dim: int, eps: float, zero_centered: bool = False) -> None:
+        super().__init__()
+        self.eps, self.zero_centered = eps, zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight.float() + 1.0 if self.zero_centered else self.weight.float()
+        return (rms(x, self.eps) * w).to(x.dtype)
+
+
+class NormThenGate(nn.Module):
+    """Qwen3.5 GDN output norm: per-head RMSNorm, scaled, then multiplied by silu(gate)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        y = self.weight * rms(x, self.eps).to(x.dtype)
+        return (y * F.silu(gate.float())).to(x.dtype)
+
+
+class GateThenGroupNorm(nn.Module):
+    """Mamba-2 output norm: x * silu(gate), then RMSNorm within groups of `group_size` channels."""
+
+    def __init__(self, dim: int, group_size: int, eps: float) -> None:
+        super().__init__()
+        self.eps, self.group_size = eps, group_size
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        y = x.float() * F.silu(gate.float())
+        shape = y.shape
+        y = rms(y.view(*shape[:-1], -1, self.group_size), self.eps).view(shape)
+        return self.weight * y.to(x.dtype)
+
+
+class Rotary:
+    """Rotary position embedding on the first `rot_dim` channels of each head (partial rotary)."""
+
+    def __init__(self, head_dim: int, theta: float, partial_factor: float = 1.0) -> None:
+        self.rot_dim = int(head_dim * partial_factor)
+        # explicit cpu: models are built under a meta-device context when loading checkpoints
+        exps = torch.arange(0, self.rot_dim, 2, dtype=torch.float, device="cpu") / self.rot_dim
+        self.inv_freq = 1.0 / (theta ** exps)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape [N, 1, rot_dim] (broadcast over heads), fp32."""
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        return emb.cos(), emb.sin()
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate x [N, heads, head_dim] by its token's angle (channel halves paired, not interleaved)."""
+        d = self.rot_dim
+        rot, rest = x[..., :d], x[..., d:]
+        half = d // 2
+        rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+        out = (rot.float() * cos + rotated.float() * sin).to(x.dtype)
+        return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, inter: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Relu2MLP(nn.Module):
+    """Nemotron-H MLP: down(relu(up(x))^2), no gate."""
+
+    def __init__(self, hidden: int, inter: int, bias: bool = False) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(torch.square(F.relu(self.up_proj(x))))

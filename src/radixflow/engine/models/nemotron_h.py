@@ -1,0 +1,178 @@
+"""Nemotron-H: a stack of single-mixer blocks, each Mamba-2, full attention (no rotary) or an MLP.
+
+Every block is `h + mixer(RMSNorm(h))`. Mamba-2 holds the linear state (conv window over
+[x, B, C] and the SSD state); attention blocks hold paged KV; MLP blocks hold nothing.
+Checkpoints name the trunk `backbone.` (original) or `model.` (transformers); the loader maps both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import SelfAttention
+from .base import CausalLM, cfg_get, eos_ids
+from .batch import BatchContext
+from .cache import CacheLayout, ModelCache, StateShape
+from .conv import causal_conv
+from .layers import GateThenGroupNorm, Relu2MLP, RMSNorm
+from .ssd import ssd_scan
+
+MAMBA, ATTN, MLP = "mamba", "attention", "mlp"
+_PATTERN = {"M": MAMBA, "*": ATTN, "-": MLP, "E": "moe"}
+_HF_TYPES = {"linear_attention": MAMBA, "full_attention": ATTN, "mlp": MLP, "moe": "moe",
+             "mamba": MAMBA, "attention": ATTN}
+
+
+@dataclass(frozen=True)
+class NemotronHConfig:
+    vocab_size: int
+    hidden_size: int
+    layer_types: tuple[str, ...]        # "mamba" | "attention" | "mlp"
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    layer_norm_epsilon: float
+    ssm_state_size: int
+    mamba_num_heads: int
+    mamba_head_dim: int
+    n_groups: int
+    conv_kernel: int
+    use_conv_bias: bool
+    use_bias: bool
+    chunk_size: int
+    time_step_min: float
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+    model_type: str = "nemotron_h"
+
+    @classmethod
+    def from_hf(cls, d: dict[str, Any]) -> NemotronHConfig:
+        types = _layer_types(d)
+        heads = cfg_get(d, "num_attention_heads")
+        return cls(
+            vocab_size=cfg_get(d, "vocab_size"), hidden_size=cfg_get(d, "hidden_size"), layer_types=types,
+            num_attention_heads=heads, num_key_value_heads=cfg_get(d, "num_key_value_heads", heads),
+            head_dim=d.get("head_dim") or cfg_get(d, "hidden_size") // heads,
+            intermediate_size=cfg_get(d, "intermediate_size"),
+            layer_norm_epsilon=cfg_get(d, "layer_norm_epsilon", 1e-5),
+            ssm_state_size=cfg_get(d, "ssm_state_size"), mamba_num_heads=cfg_get(d, "mamba_num_heads"),
+            mamba_head_dim=cfg_get(d, "mamba_head_dim"),
+            n_groups=d.get("n_groups", d.get("mamba_n_groups", 8)),
+            conv_kernel=d.get("conv_kernel", d.get("mamba_d_conv", 4)),
+            use_conv_bias=bool(d.get("use_conv_bias", d.get("mamba_conv_bias", True))),
+            use_bias=bool(d.get("use_bias", False)),
+            chunk_size=d.get("chunk_size", d.get("mamba_chunk_size", 128)),
+            time_step_min=float(d.get("time_step_min", d.get("mamba_dt_min", 0.001))),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), eos_token_ids=eos_ids(d))
+
+
+def _layer_types(d: dict[str, Any]) -> tuple[str, ...]:
+    if d.get("layers_block_type"):
+        types = [_HF_TYPES.get(t, t) for t in d["layers_block_type"]]
+    elif d.get("hybrid_override_pattern"):
+        types = [_PATTERN.get(ch, ch) for ch in d["hybrid_override_pattern"]]
+    else:
+        raise ValueError("config.json: nemotron_h needs 'layers_block_type' or 'hybrid_override_pattern'")
+    bad = sorted(set(types) - {MAMBA, ATTN, MLP})
+    if bad:
+        raise ValueError(f"config.json: nemotron_h layer types {bad} are not supported (mamba/attention/mlp)")
+    return tuple(types)
+
+
+class Mamba2Mixer(nn.Module):
+    """Mamba-2: in_proj -> [gate, conv(x, B, C), dt]; SSD scan + D skip; gated group norm; out_proj."""
+
+    def __init__(self, c: NemotronHConfig, state_index: int) -> None:
+        super().__init__()
+        self.state_index, self.c = state_index, c
+        self.inner = c.mamba_num_heads * c.mamba_head_dim
+        self.conv_dim = self.inner + 2 * c.n_groups * c.ssm_state_size
+        proj = self.inner + self.conv_dim + c.mamba_num_heads
+        self.in_proj = nn.Linear(c.hidden_size, proj, bias=c.use_bias)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, c.conv_kernel, groups=self.conv_dim,
+                                bias=c.use_conv_bias)
+        self.dt_bias = nn.Parameter(torch.ones(c.mamba_num_heads))
+        self.A_log = nn.Parameter(torch.zeros(c.mamba_num_heads))
+        self.D = nn.Parameter(torch.ones(c.mamba_num_heads))
+        self.norm = GateThenGroupNorm(self.inner, self.inner // c.n_groups, c.layer_norm_epsilon)
+        self.out_proj = nn.Linear(self.inner, c.hidden_size, bias=c.use_bias)
+
+    def state_shape(self) -> StateShape:
+        c = self.c
+        return StateShape((self.conv_dim, c.conv_kernel - 1),
+                          (c.mamba_num_heads, c.mamba_head_dim, c.ssm_state_size))
+
+    def forward(self, x: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
+        c, n = self.c, x.shape[0]
+        gate, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, c.mamba_num_heads], dim=-1)
+        xbc = causal_conv(xbc, self.conv1d.weight, self.conv1d.bias, batch, cache, self.state_index)
+        gs = c.n_groups * c.ssm_state_size
+        xs, b, cc = xbc.split([self.inner, gs, gs], dim=-1)
+        xs = xs.reshape(n, c.mamba_num_heads, c.mamba_head_dim)
+        # lower clamp as in the transformers reference (time_step_min), no upper limit
+        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=c.time_step_min)
+        y = ssd_scan(xs, dt, -self.A_log.float().exp(), b.reshape(n, c.n_groups, -1),
+                     cc.reshape(n, c.n_groups, -1), batch, cache, self.state_index, c.chunk_size)
+        y = y + self.D.float()[:, None] * xs.float()
+        return self.out_proj(self.norm(y.reshape(n, -1).to(x.dtype), gate))
+
+
+class Block(nn.Module):
+    """`h + mixer(norm(h))` with the mixer of this layer's type."""
+
+    def __init__(self, c: NemotronHConfig, kind: str, mixer: nn.Module) -> None:
+        super().__init__()
+        self.kind = kind
+        self.norm = RMSNorm(c.hidden_size, c.layer_norm_epsilon)
+        self.mixer = mixer
+
+    def forward(self, h: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
+        x = self.norm(h)
+        return h + (self.mixer(x) if self.kind == MLP else self.mixer(x, batch, cache))
+
+
+class _Trunk(nn.Module):
+    def __init__(self, c: NemotronHConfig, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm_f = RMSNorm(c.hidden_size, c.layer_norm_epsilon)
+
+
+class NemotronHForCausalLM(CausalLM):
+    """Nemotron-H over the paged hybrid cache."""
+
+    def __init__(self, config: NemotronHConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        layers, kv, st = [], 0, 0
+        for kind in c.layer_types:
+            if kind == MAMBA:
+                mixer: nn.Module = Mamba2Mixer(c, st)
+                st += 1
+            elif kind == ATTN:
+                mixer = SelfAttention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+                                      c.head_dim, kv)
+                kv += 1
+            else:
+                mixer = Relu2MLP(c.hidden_size, c.intermediate_size, bias=False)
+            layers.append(Block(c, kind, mixer))
+        self.model = _Trunk(c, layers)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    def cache_layout(self) -> CacheLayout:
+        c = self.config
+        states = tuple(b.mixer.state_shape() for b in self.model.layers if b.kind == MAMBA)
+        return CacheLayout(c.layer_types.count(ATTN), c.num_key_value_heads, c.head_dim, states)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embeddings(token_ids)
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.norm_f(h)

@@ -1,0 +1,90 @@
+"""Mamba-2's selective state-space scan (SSD) for packed rows: chunked prefill, recurrent decode.
+
+Per head, with state S [P, N], scalar decay a_t = dt_t * A <= 0 and B_t, C_t shared by a group:
+    S_t = exp(a_t) S_{t-1} + (dt_t x_t) B_t^T,     y_t = S_t C_t  (+ D x_t, added by the caller)
+
+Chunked form (cum = cumulative a inside a chunk, L_ij = exp(cum_i - cum_j) for j <= i):
+    Y = ((C B^T) * L) (dt X)  +  exp(cum) * (C S^T);   S <- exp(cum_C) S + (dt X * exp(cum_C - cum))^T B
+Heads are kept as [groups, heads per group] so B and C are never copied per head.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .batch import BatchContext, ChunkPlan
+from .cache import ModelCache
+from .states import initial_states, save_states
+
+
+def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a_log_neg: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+             batch: BatchContext, cache: ModelCache, layer: int, chunk: int) -> torch.Tensor:
+    """x [N, H, P], dt [N, H] (after softplus), A [H] (< 0), B, C [N, G, S] -> y [N, H, P] fp32 (no D)."""
+    pool = cache.rec[layer]
+    init = initial_states(pool, batch)             # every row's state read before any is written
+    groups = b.shape[1]
+    xdt = x.float() * dt.float()[..., None]
+    decay = dt.float() * a_log_neg.float()
+    args = [xdt, decay, b.float(), c.float()]
+    out = x.new_empty(x.shape, dtype=torch.float32)
+    if batch.decode_rows:
+        _decode(args, init, batch, pool, out, groups)
+    if batch.prefill_rows:
+        _prefill(args, init, batch.chunk_plan(chunk), pool, out, groups)
+    return out
+
+
+def _decode(args, init, batch: BatchContext, pool, out, groups: int) -> None:
+    idx = batch.decode_token_index
+    xdt, decay, b, c = (t[idx] for t in args)
+    heads = xdt.shape[1]
+    group_of_head = torch.arange(heads, device=idx.device) // (heads // groups)
+    bh, ch = b[:, group_of_head], c[:, group_of_head]               # [R, H, S]
+    rows = torch.tensor(batch.decode_rows, dtype=torch.long, device=idx.device)
+    s = init[rows] * decay.exp()[..., None, None] + xdt[..., :, None] * bh[:, :, None, :]
+    out[idx] = (s @ ch[..., None])[..., 0]
+    local, slots = batch.decode_captures
+    save_states(pool, slots, s[local])
+
+
+def _prefill(args, init, plan: ChunkPlan, pool, out, groups: int) -> None:
+    xdt, decay, b, c = (plan.to_chunks(t) for t in args)  # [M, H|G, C, ...]
+    m, heads, clen, p = xdt.shape
+    xdt = xdt.view(m, groups, heads // groups, clen, p)
+    decay = decay.view(m, groups, heads // groups, clen)
+    pre = _intra_chunk(xdt, decay, b, c)
+    rows = torch.tensor(plan.rows, dtype=torch.long, device=xdt.device)
+    state = init[rows].view(len(plan.rows), groups, heads // groups, p, -1)
+    y = torch.empty_like(xdt)
+    for step, (active, ids) in enumerate(plan.steps):
+        s = state if active is None else state[active]
+        y[ids], s = _scan_chunk(s, *(t[ids] for t in pre))
+        if active is None:
+            state = s
+        else:
+            state[active] = s
+        if step in plan.captures:
+            local, slots = plan.captures[step]
+            save_states(pool, slots, state[local].flatten(1, 2))
+    flat = y.flatten(1, 2).transpose(1, 2).reshape(-1, heads, p)       # [M*C, H, P]
+    out[plan.token_index] = flat[plan.flat_index]
+
+
+def _intra_chunk(xdt, decay, b, c):
+    """State-independent parts for all chunks: xdt [M,G,Hg,C,P], decay [M,G,Hg,C], b, c [M,G,C,S]."""
+    clen = xdt.shape[3]
+    cum = decay.cumsum(-1)
+    lower = torch.ones(clen, clen, dtype=torch.bool, device=xdt.device).tril()
+    seg = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+    cb = (c @ b.transpose(-1, -2))[:, :, None]                          # [M, G, 1, C, C]
+    y_intra = (cb * seg) @ xdt
+    weights = (cum[..., -1:] - cum).exp()[..., None]
+    d_state = (xdt * weights).transpose(-1, -2) @ b[:, :, None]         # [M, G, Hg, P, S]
+    return y_intra, d_state, cum.exp(), cum[..., -1].exp(), c
+
+
+def _scan_chunk(s, y_intra, d_state, decay_in, decay_chunk, c):
+    """Apply one chunk to states s [R, G, Hg, P, S]: returns (outputs, new states)."""
+    y = y_intra + (c[:, :, None] @ s.transpose(-1, -2)) * decay_in[..., None]
+    s = s * decay_chunk[..., None, None] + d_state
+    return y, s
