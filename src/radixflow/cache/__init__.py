@@ -1,0 +1,1 @@
+"""Hybrid prefix cache: page and slot pools, the radix index with state snapshots."""

@@ -1,0 +1,367 @@
+"""The prefix index: a radix tree over (namespace, tokens) holding KV pages and state snapshots.
+
+Keys are stored in whole pages (`block_size` tokens). Every page also has a chain hash (namespace,
+all tokens up to the end of the page), kept in a dict so that the longest match is a binary search
+over a branch's precomputed hash chain: the tree is prefix-closed (only tails are ever removed), so
+"page i is cached" is monotone in i.
+
+A node owns the pages of its key. A snapshot (every linear layer's recurrent + conv state) sits at
+the END of a node; `published` says whether it is in the published set C_t. Pages and snapshots
+registered during a round are `pending` until `publish()` runs after that round's execution.
+Invariant (checked by `check_integrity`): a snapshot only sits on a node whose whole KV path exists.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from radixflow.cache.pool import IdPool
+
+
+@dataclass(eq=False)
+class Snapshot:
+    slot: int
+    depth: int
+    published: bool
+    producer: int | None  # uid of the branch writing it this round (None once published)
+    lock: int = 0
+    last_access: float = 0.0
+    level: int = 0  # dependency depth of the fragment that produced it (for the lower bound)
+
+
+@dataclass(eq=False)
+class Node:
+    parent: Node | None
+    namespace: str
+    key: tuple[int, ...]
+    pages: list[int]
+    hashes: list[int]
+    depth: int  # token depth at the end of this node
+    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
+    lock_ref: int = 0
+    last_access: float = 0.0
+    pending: bool = False  # pages registered this round, not yet computed
+    snapshot: Snapshot | None = None
+
+    @property
+    def start(self) -> int:
+        return self.depth - len(self.key)
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    def path(self):
+        node = self
+        while node is not None and not node.is_root:
+            yield node
+            node = node.parent
+
+
+class Match(NamedTuple):
+    """Result of a lookup: identity length and the node holding its last page."""
+
+    depth: int  # ĥ, in tokens (a multiple of block_size)
+    node: Node | None  # node containing page depth/bs - 1 (None when depth == 0)
+
+
+class Boundary(NamedTuple):
+    """Deepest state boundary usable for a match (hybrid models)."""
+
+    ready: int  # h: deepest published boundary <= ĥ (0 = cold start)
+    ready_snapshot: Snapshot | None
+    blocking: Snapshot | None  # deepest boundary is pending: written this round by `blocking.producer`
+
+
+def chain_hashes(namespace: str, tokens, block_size: int, prev: list[int] | None = None) -> list[int]:
+    """Chain hashes for every full page of `tokens`, extending `prev` (the hashes already known)."""
+    out = list(prev) if prev else []
+    h = out[-1] if out else hash(("radixflow", namespace, block_size))
+    for i in range(len(out) * block_size, len(tokens) - block_size + 1, block_size):
+        h = hash((h, tuple(tokens[i : i + block_size])))
+        out.append(h)
+    return out
+
+
+class RadixIndex:
+    """Radix tree with paged KV and snapshot slots; the scheduler's single entry into cache memory."""
+
+    def __init__(self, block_size: int, pages: IdPool, slots: IdPool) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.pages = pages
+        self.slots = slots
+        self._roots: dict[str, Node] = {}
+        self._by_hash: dict[int, Node] = {}
+        self._leaves: set[Node] = set()
+        self._snap_nodes: set[Node] = set()
+        self._pending_nodes: list[Node] = []
+        self._pending_snaps: list[Snapshot] = []
+        self.evicted_pages = 0
+        self.evicted_snapshots = 0
+
+    # ------------------------------------------------------------------ public API
+    def match(self, hashes: list[int], max_pages: int | None = None) -> Match:
+        """Longest cached prefix (pending pages included) among the first `max_pages` pages."""
+        n = len(hashes) if max_pages is None else min(max_pages, len(hashes))
+        by_hash = self._by_hash
+        lo, hi = 0, n  # answer in [lo, hi]: number of matched pages
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hashes[mid - 1] in by_hash:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == 0:
+            return Match(0, None)
+        return Match(lo * self.block_size, by_hash[hashes[lo - 1]])
+
+    def boundary(self, m: Match, limit: int | None = None) -> Boundary:
+        """Deepest snapshot boundary on the matched path at or below min(ĥ, limit)."""
+        depth = m.depth if limit is None else min(m.depth, limit)
+        node = m.node
+        while node is not None and not node.is_root:
+            snap = node.snapshot
+            if snap is not None and node.depth <= depth:
+                if snap.published:
+                    return Boundary(snap.depth, snap, None)
+                return Boundary(self._published_below(node.parent, depth), None, snap)
+            node = node.parent
+        return Boundary(0, None, None)
+
+    def ready_boundary(self, m: Match, limit: int | None = None) -> tuple[int, Snapshot | None]:
+        """Deepest PUBLISHED boundary (what a branch could resume from, ignoring pending ones)."""
+        depth = m.depth if limit is None else min(m.depth, limit)
+        node = m.node
+        while node is not None and not node.is_root:
+            snap = node.snapshot
+            if snap is not None and snap.published and node.depth <= depth:
+                return snap.depth, snap
+            node = node.parent
+        return 0, None
+
+    def pages_upto(self, m: Match, num_pages: int) -> list[int]:
+        """Page ids of the first `num_pages` pages of the matched path."""
+        assert num_pages * self.block_size <= m.depth
+        if num_pages == 0:
+            return []
+        node = m.node
+        while node.start >= num_pages * self.block_size:
+            node = node.parent
+        chunks = [node.pages[: num_pages - node.start // self.block_size]]
+        node = node.parent
+        while node is not None and not node.is_root:
+            chunks.append(node.pages)
+            node = node.parent
+        return [p for chunk in reversed(chunks) for p in chunk]
+
+    def insert(self, namespace: str, tokens, hashes: list[int], page_table: list[int], num_pages: int,
+               now: float) -> tuple[Node, int]:
+        """Registers the first `num_pages` pages of a branch (pending until `publish`).
+
+        Returns the node holding page num_pages-1 and the index of the first page the tree adopted
+        (pages before it already existed in the tree and stay the caller's private copies).
+        """
+        assert num_pages >= 1 and len(page_table) >= num_pages and len(hashes) >= num_pages
+        m = self.match(hashes, num_pages)
+        have = m.depth // self.block_size
+        if have == num_pages:
+            return m.node, num_pages
+        bs = self.block_size
+        parent = self._node_ending_at(m) if have else self._root(namespace)
+        key = tuple(tokens[have * bs : num_pages * bs])
+        node = Node(parent, namespace, key, list(page_table[have:num_pages]), list(hashes[have:num_pages]),
+                    num_pages * bs, lock_ref=0, last_access=now, pending=True)
+        node.lock_ref = 0
+        parent.children[key[:bs]] = node
+        self._leaves.discard(parent)
+        self._leaves.add(node)
+        for h in node.hashes:
+            self._by_hash[h] = node
+        self._pending_nodes.append(node)
+        return node, have
+
+    def node_at(self, m: Match) -> Node:
+        """The node ending exactly at m.depth (splitting one if needed)."""
+        return self._node_ending_at(m)
+
+    def attach_snapshot(self, node: Node, slot: int, producer: int | None, now: float) -> Snapshot | None:
+        """Puts a snapshot at the end of `node`; None if one is already there (caller keeps its slot)."""
+        if node.snapshot is not None:
+            return None
+        snap = Snapshot(slot, node.depth, published=producer is None, producer=producer, last_access=now)
+        node.snapshot = snap
+        self._snap_nodes.add(node)
+        if producer is not None:
+            self._pending_snaps.append(snap)
+        return snap
+
+    def publish(self) -> None:
+        """End of round: what this round produced joins the published set C_{t+1}."""
+        for node in self._pending_nodes:
+            node.pending = False
+        for snap in self._pending_snaps:
+            snap.published = True
+            snap.producer = None
+        self._pending_nodes.clear()
+        self._pending_snaps.clear()
+
+    def lock(self, node: Node | None) -> None:
+        for n in node.path() if node is not None else ():
+            n.lock_ref += 1
+
+    def unlock(self, node: Node | None) -> None:
+        for n in node.path() if node is not None else ():
+            n.lock_ref -= 1
+            assert n.lock_ref >= 0, "lock_ref below zero"
+
+    def touch(self, node: Node | None, now: float) -> None:
+        """A hit refreshes the whole matched path (node-level LRU)."""
+        for n in node.path() if node is not None else ():
+            n.last_access = now
+
+    def evict_pages(self, need: int) -> int:
+        """Frees at least `need` pages from unlocked leaves, least recently used first."""
+        freed = 0
+        heap = [(n.last_access, id(n), n) for n in self._leaves if self._evictable(n)]
+        heapq.heapify(heap)
+        while freed < need and heap:
+            _, _, node = heapq.heappop(heap)
+            if node.children or not self._evictable(node):
+                continue
+            parent = node.parent
+            freed += self._remove_leaf(node)
+            if parent is not None and not parent.is_root and not parent.children and self._evictable(parent):
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        self.evicted_pages += freed
+        return freed
+
+    def evict_snapshots(self, need: int) -> int:
+        """Drops at least `need` unlocked published snapshots (their KV stays), LRU first."""
+        cands = [(n.snapshot.last_access, id(n), n) for n in self._snap_nodes
+                 if n.snapshot.published and n.snapshot.lock == 0]
+        freed = 0
+        for _, _, node in heapq.nsmallest(need, cands):
+            self._drop_snapshot(node)
+            freed += 1
+        self.evicted_snapshots += freed
+        return freed
+
+    def reset(self) -> None:
+        """Drops everything that is not locked or pending (used to clear the cache between runs)."""
+        self.evict_pages(self.pages.capacity)
+        self.evict_snapshots(self.slots.capacity)
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def num_cached_pages(self) -> int:
+        return sum(len(n.pages) for n in self._iter_nodes())
+
+    @property
+    def num_snapshots(self) -> int:
+        return len(self._snap_nodes)
+
+    def check_integrity(self) -> tuple[set[int], set[int]]:
+        """Raises AssertionError on a broken invariant; returns (tree pages, snapshot slots)."""
+        pages: set[int] = set()
+        slots: set[int] = set()
+        nodes = list(self._iter_nodes())
+        bs = self.block_size
+        for n in nodes:
+            assert len(n.key) == len(n.pages) * bs == len(n.hashes) * bs, "node key/pages/hashes disagree"
+            assert len(n.key) > 0, "empty non-root node"
+            assert n.depth == n.parent.depth + len(n.key) if not n.parent.is_root else n.depth == len(n.key)
+            assert n.lock_ref >= 0, "negative lock_ref"
+            child_locks = sum(c.lock_ref for c in n.children.values())
+            assert n.lock_ref >= child_locks, "a node is locked less than its children"
+            for p in n.pages:
+                assert p not in pages, f"page {p} owned twice in the tree"
+                pages.add(p)
+            for h in n.hashes:
+                assert self._by_hash.get(h) is n, "hash index out of date"
+            assert (not n.children) == (n in self._leaves), "leaf set out of date"
+            if n.snapshot is not None:
+                s = n.snapshot
+                assert s.depth == n.depth, "snapshot not at its node's end"
+                assert s.slot not in slots, f"slot {s.slot} used by two snapshots"
+                assert s.lock >= 0, "negative snapshot lock"
+                assert s.published == (s.producer is None), "snapshot producer/published disagree"
+                slots.add(s.slot)
+                assert n in self._snap_nodes
+        assert len(self._by_hash) == sum(len(n.hashes) for n in nodes), "stale hashes in the index"
+        assert len(self._snap_nodes) == len(slots), "stale snapshot set"
+        assert not (pages & self.pages.free_ids()), "a tree page is also free"
+        assert not (slots & self.slots.free_ids()), "a snapshot slot is also free"
+        return pages, slots
+
+    # ------------------------------------------------------------------ helpers
+    def _root(self, namespace: str) -> Node:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = Node(None, namespace, (), [], [], 0)
+            self._roots[namespace] = root
+        return root
+
+    def _iter_nodes(self):
+        stack = [c for r in self._roots.values() for c in r.children.values()]
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())
+
+    def _published_below(self, node: Node | None, depth: int) -> int:
+        while node is not None and not node.is_root:
+            if node.snapshot is not None and node.snapshot.published and node.depth <= depth:
+                return node.depth
+            node = node.parent
+        return 0
+
+    def _node_ending_at(self, m: Match) -> Node:
+        node = m.node
+        if node.depth == m.depth:
+            return node
+        return self._split(node, (m.depth - node.start) // self.block_size)
+
+    def _split(self, node: Node, k: int) -> Node:
+        """Splits `node` after its first k pages; returns the new upper node (the original keeps the tail)."""
+        bs = self.block_size
+        top = Node(node.parent, node.namespace, node.key[: k * bs], node.pages[:k], node.hashes[:k],
+                   node.start + k * bs, lock_ref=node.lock_ref, last_access=node.last_access,
+                   pending=node.pending)
+        node.parent.children[node.key[:bs]] = top
+        node.key = node.key[k * bs :]
+        node.pages = node.pages[k:]
+        node.hashes = node.hashes[k:]
+        node.parent = top
+        top.children[node.key[:bs]] = node
+        for h in top.hashes:
+            self._by_hash[h] = top
+        if top.pending:
+            self._pending_nodes.append(top)
+        return top
+
+    def _evictable(self, node: Node) -> bool:
+        return node.lock_ref == 0 and not node.pending and (node.snapshot is None or node.snapshot.lock == 0)
+
+    def _remove_leaf(self, node: Node) -> int:
+        assert not node.children and node.lock_ref == 0
+        if node.snapshot is not None:
+            self._drop_snapshot(node)
+            self.evicted_snapshots += 1
+        parent = node.parent
+        del parent.children[node.key[: self.block_size]]
+        self._leaves.discard(node)
+        if not parent.children and not parent.is_root:
+            self._leaves.add(parent)
+        for h in node.hashes:
+            del self._by_hash[h]
+        self.pages.free(node.pages)
+        return len(node.pages)
+
+    def _drop_snapshot(self, node: Node) -> None:
+        self.slots.free([node.snapshot.slot])
+        node.snapshot = None
+        self._snap_nodes.discard(node)

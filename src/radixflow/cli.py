@@ -1,0 +1,49 @@
+"""`radixflow` command line: each subcommand lives in radixflow.commands.<name>."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module; each module has add_arguments(parser) and run(args) -> int
+COMMANDS = {
+    "simulate": ("radixflow.commands.simulate", "run the scheduler arms on the cost-model simulator"),
+    "bench": ("radixflow.commands.bench", "run the arms on the real PyTorch engine"),
+    "serve": ("radixflow.commands.serve", "OpenAI-compatible HTTP server"),
+    "experiment": ("radixflow.commands.experiment", "paper-scale simulator experiments"),
+    "report": ("radixflow.commands.report", "tables and figures from experiment results"),
+    "trace": ("radixflow.commands.trace", "per-turn cache traces (multi-turn chat)"),
+}
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="radixflow", description="Hybrid prefix caching that fills every round.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules = {}
+    for name, (modname, help_text) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name == modname:
+                continue  # command not built in this checkout
+            raise
+        modules[name] = mod
+        p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip().splitlines()[0])
+        mod.add_arguments(p)
+    args = parser.parse_args(argv)
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except (CliError, ValueError, FileNotFoundError, MemoryError) as e:
+        print(f"radixflow {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""CLI subcommands; shared flag definitions live in `common`."""

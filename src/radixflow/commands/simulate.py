@@ -1,0 +1,60 @@
+"""Runs the scheduler arms on the cost-model simulator and compares them."""
+
+from __future__ import annotations
+
+import time
+
+from rich.progress import Progress
+
+from radixflow.commands.common import (
+    add_scheduler_flags,
+    add_workload_flags,
+    arms_payload,
+    build_workloads,
+    print_arms,
+    scheduler_config,
+    write_json,
+)
+from radixflow.core.policies import parse_arms
+from radixflow.sim.cost_model import GPUS, get_gpu
+from radixflow.sim.runner import SimSetup, run_arm
+from radixflow.spec import get_spec
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default="qwen3.5-0.8b", help="preset name or a directory with config.json")
+    p.add_argument("--gpu", default="a800", help=f"one of {', '.join(GPUS)}")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    p.add_argument("--state-memory-fraction", type=float, default=0.5,
+                   help="hybrid models: share of the cache memory for state slots")
+    add_workload_flags(p)
+    add_scheduler_flags(p)
+    p.add_argument("--check", action="store_true", help="check_integrity() after every round (slow)")
+
+
+def run(args) -> int:
+    spec = get_spec(args.model)
+    gpu = get_gpu(args.gpu)
+    arms = parse_arms(args.policy)
+    cfg = scheduler_config(args, spec.name)
+    workloads = build_workloads(args, spec.name)
+    setup = SimSetup(spec, gpu, cfg, args.gpu_memory_utilization, args.state_memory_fraction, check=args.check)
+    results = []
+    t0 = time.perf_counter()
+    total = sum(len(w) for _, w in workloads) * len(arms)
+    with Progress(transient=True) as bar:
+        task = bar.add_task("simulating", total=total)
+        for arm in arms:
+            m, _ = run_arm(setup, arm, [w for _, w in workloads], progress=lambda n: bar.advance(task, n))
+            results.append(m)
+    wall = time.perf_counter() - t0
+    print_arms(results, f"{spec.name} on {gpu.name} — S={cfg.max_num_seqs}, T={cfg.max_num_batched_tokens}, "
+                        f"workload {args.workload} ({', '.join(label for label, _ in workloads)})")
+    print(f"simulated {len(arms)} arm(s) in {wall:.1f} s")
+    if args.json_path:
+        meta = {"command": "simulate", "model": spec.name, "gpu": gpu.name, "workload": args.workload,
+                "parts": [label for label, _ in workloads], "max_num_seqs": cfg.max_num_seqs,
+                "max_num_batched_tokens": cfg.max_num_batched_tokens, "block_size": cfg.block_size,
+                "state_interval": cfg.state_interval, "seed": args.seed, "wall_time": wall}
+        write_json(args.json_path, arms_payload(results, meta))
+    return 0

@@ -1,0 +1,49 @@
+"""One tree of configuration dataclasses; the CLI, the server and the Python API read the same one.
+
+Flag names follow vLLM where the concept is the same (`--max-num-seqs`, `--max-num-batched-tokens`,
+`--block-size`, `--enable-prefix-caching`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+def _opt(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = _opt(16, "S: most rows (branches) in one round")
+    max_num_batched_tokens: int = _opt(8192, "T: most tokens scheduled in one round")
+    block_size: int = _opt(16, "KV page size in tokens; prefix matches are whole pages")
+    state_interval: int = _opt(512, "hybrid models: a state snapshot every this many tokens (align mode); "
+                                    "non-final prefill chunks end on these boundaries")
+    enable_prefix_caching: bool = _opt(True, "reuse cached prefixes across branches")
+    num_kv_pages: int = _opt(1 << 20, "KV pool size in pages")
+    num_state_slots: int = _opt(1 << 16, "state snapshot pool size in slots (hybrid models)")
+
+    def validate(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"--block-size must be >= 1, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError(f"--max-num-batched-tokens ({self.max_num_batched_tokens}) is smaller than one "
+                             f"block ({self.block_size} tokens)")
+        if self.state_interval < self.block_size or self.state_interval % self.block_size:
+            raise ValueError(f"--state-interval ({self.state_interval}) must be a positive multiple of "
+                             f"--block-size ({self.block_size})")
+        if self.max_num_batched_tokens < self.state_interval:
+            raise ValueError(f"--max-num-batched-tokens ({self.max_num_batched_tokens}) is smaller than one "
+                             f"state interval ({self.state_interval}); chunked prefill could never advance")
+        if self.num_kv_pages < 1:
+            raise ValueError("the KV pool needs at least one page")
+
+
+def help_of(cls, name: str) -> str:
+    for f in fields(cls):
+        if f.name == name:
+            return f.metadata.get("help", "")
+    raise KeyError(name)

@@ -1,0 +1,1 @@
+"""Scheduler core: branches, the round scheduler, policies and measures (engine-agnostic)."""

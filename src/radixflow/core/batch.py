@@ -1,0 +1,74 @@
+"""Data passed between the scheduler and an executor: fragments, a round's batch, its result."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from radixflow.core.branch import Branch
+
+
+class Outcome(enum.Enum):
+    """σ_t(r | B): the readiness of a waiting branch against the partial batch B (SPEC §3)."""
+
+    READY = "ready"
+    BLOCKED = "blocked"  # only obstacle: a same-round producer in B writes the matched boundary
+    OTHER = "other"  # rows or tokens exhausted, pool out of memory, ...
+
+
+@dataclass(eq=False)
+class Fragment:
+    """One row of one round: `num_tokens` tokens of `branch` starting at position `start`."""
+
+    branch: Branch
+    start: int
+    num_tokens: int
+    page_table: list[int]  # pages covering [0, start + num_tokens)
+    state_in: int | None = None  # snapshot/working slot holding the state at `start` (hybrid only)
+    state_out: list[tuple[int, int]] = field(default_factory=list)  # (n tokens in, slot) captures
+    samples: bool = False  # the row's last position produces the branch's next token
+    first: bool = False  # first fragment of the branch since it was (re)started
+    producer_uid: int | None = None  # for dependency depth: branch whose snapshot this row resumed from
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.branch.tokens[self.start : self.end]
+
+
+@dataclass
+class Batch:
+    round: int
+    fragments: list[Fragment] = field(default_factory=list)
+    deferred: int = 0  # Blocked branches skipped this round (|D_t|)
+    stop_reason: str | None = None  # why the waiting scan ended early (Other), if it did
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.fragments)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(f.num_tokens for f in self.fragments)
+
+    def __bool__(self) -> bool:
+        return bool(self.fragments)
+
+
+@dataclass
+class Sample:
+    """What the executor produced for a sampling row."""
+
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    finish_reason: str | None = None  # set by an executor that detects a stop (e.g. a stop string)
+
+
+@dataclass
+class ExecResult:
+    host_time: float  # c(B_t), seconds
+    samples: dict[int, Sample] = field(default_factory=dict)  # fragment index -> sample

@@ -1,0 +1,491 @@
+"""The round scheduler (SPEC §4): running branches first, then the waiting queue by a traversal rule.
+
+Engine-agnostic: it sees integers (pages, slots, tokens) and a `now` passed in by the caller. The
+simulator and the real engine drive the same object through `add / admit / schedule / complete`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from radixflow.cache.pool import IdPool
+from radixflow.cache.radix import Match, Node, RadixIndex, Snapshot, chain_hashes
+from radixflow.config import SchedulerConfig
+from radixflow.core.batch import Batch, ExecResult, Fragment, Outcome
+from radixflow.core.branch import Branch, BranchState
+from radixflow.core.policies import AdmissionView, Arm
+
+
+@dataclass(eq=False)
+class _Track:
+    """Scheduler-private state of one branch."""
+
+    hashes: list[int] = field(default_factory=list)
+    page_table: list[int] = field(default_factory=list)
+    private: set[int] = field(default_factory=set)  # pages owned by the branch, not by the tree
+    node: Node | None = None  # deepest tree node the branch holds a lock on
+    working: int | None = None  # slot with the branch's running linear state
+    rolling: int | None = None  # slot with the state at the last page boundary passed (end snapshot)
+    rolling_depth: int = 0
+    read_snapshot: Snapshot | None = None  # locked for the round that restores from it
+    level: int = 0  # dependency depth of the branch's last fragment
+    start_order: int = 0
+
+
+class _Plan(NamedTuple):
+    match: Match
+    start: int
+    num_tokens: int
+    snapshot: Snapshot | None
+
+
+@dataclass
+class RoundRecord:
+    """Per-round measures kept by the scheduler."""
+
+    round: int
+    start: float
+    rows: int
+    tokens: int
+    deferred: int
+    host_time: float = 0.0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, arm: Arm, hybrid: bool) -> None:
+        config.validate()
+        self.config = config
+        self.arm = arm
+        self.hybrid = hybrid
+        self.block_size = config.block_size
+        self.interval = config.state_interval if hybrid else config.block_size
+        self.pages = IdPool(config.num_kv_pages, "KV page")
+        self.slots = IdPool(config.num_state_slots if hybrid else 0, "state slot")
+        self.index = RadixIndex(config.block_size, self.pages, self.slots)
+        self.held: list[Branch] = []
+        self.waiting: list[Branch] = []
+        self.running: list[Branch] = []
+        self.round = 0
+        self.rounds: list[RoundRecord] = []
+        self.finished: list[Branch] = []
+        self.blocked_total = 0
+        self.preemptions = 0
+        self.max_level = 0  # dependency depth D of the fragments placed so far
+        self._next_uid = 0
+        self._next_start = 0
+        self._deadline: float | None = None
+
+    # ================================================================== public API
+    def add(self, branch: Branch) -> None:
+        """A branch arrived: it is held until the admission policy releases it."""
+        if branch.state is not BranchState.HELD or branch.uid >= 0:
+            raise ValueError(f"branch {branch.key} was already added")
+        need = -(-(branch.prompt_len + branch.max_new_tokens) // self.block_size)
+        if need > self.config.num_kv_pages:
+            raise ValueError(f"branch {branch.key} needs {need} KV pages; the pool has "
+                             f"{self.config.num_kv_pages}: raise the KV cache memory or lower max tokens")
+        branch.uid = self._next_uid
+        self._next_uid += 1
+        branch.sched = _Track()
+        self.held.append(branch)
+
+    def admit(self, now: float) -> float | None:
+        """Runs admission; returns the time to call again if branches stay held."""
+        if not self.held:
+            self._deadline = None
+            return None
+        view = AdmissionView(bool(self.running), self.config.max_num_seqs,
+                             self.config.max_num_batched_tokens, self._demand)
+        n, self._deadline = self.arm.admission.release(self.held, now, view)
+        for b in self.held[:n]:
+            b.state = BranchState.WAITING
+            b.admitted_at = now
+            self.waiting.append(b)
+        del self.held[:n]
+        return self._deadline
+
+    def schedule(self, now: float) -> Batch:
+        """Builds round t's batch: running first, then the waiting queue by the arm's traversal."""
+        self.round += 1
+        batch = Batch(self.round)
+        rows, tokens = self.config.max_num_seqs, self.config.max_num_batched_tokens
+        preempted = False
+        i = 0
+        while i < len(self.running) and rows and tokens:
+            b = self.running[i]
+            n = self._chunk(b.num_computed_tokens, b.num_tokens, tokens)
+            if n == 0:
+                i += 1
+                continue
+            need = self._new_pages(b, b.num_computed_tokens + n)
+            while not self._ensure_pages(need):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is b:
+                    break
+            else:
+                self._place(b, b.num_computed_tokens, n, batch, now, None)
+                rows -= 1
+                tokens -= n
+                i += 1
+                continue
+            break
+        if not preempted:
+            self._scan_waiting(batch, rows, tokens, now)
+        if batch:
+            self.rounds.append(RoundRecord(batch.round, now, batch.num_rows, batch.num_tokens, batch.deferred))
+        else:
+            self.round -= 1
+        return batch
+
+    def complete(self, batch: Batch, result: ExecResult, now: float) -> list[Branch]:
+        """After execution: advance counters, sample, publish C_{t+1}, finish branches."""
+        if self.rounds and self.rounds[-1].round == batch.round:
+            self.rounds[-1].host_time = result.host_time
+        done = []
+        for i, frag in enumerate(batch.fragments):
+            b = frag.branch
+            tr: _Track = b.sched
+            b.num_computed_tokens = frag.end
+            if tr.read_snapshot is not None:
+                tr.read_snapshot.lock -= 1
+                tr.read_snapshot = None
+            if frag.samples:
+                sample = result.samples.get(i)
+                if sample is None:
+                    raise RuntimeError(f"executor returned no sample for row {i} ({b.key})")
+                b.output.append(sample.token)
+                reason = self._finish_reason(b, sample)
+                if reason is not None:
+                    b.finish_reason = reason
+                    done.append(b)
+        self.index.publish()
+        for b in done:
+            self._finish(b, now)
+        return done
+
+    def abort(self, branch: Branch) -> None:
+        """Removes a branch wherever it is; frees what it holds. Call between rounds only."""
+        if branch.state is BranchState.HELD:
+            self.held.remove(branch)
+        elif branch.state is BranchState.WAITING:
+            self.waiting.remove(branch)
+        elif branch.state is BranchState.RUNNING:
+            self._release(branch, keep_end_snapshot=False)
+            self.running.remove(branch)
+        else:
+            return
+        branch.state = BranchState.FINISHED
+        branch.finish_reason = "abort"
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.held or self.waiting or self.running)
+
+    @property
+    def next_deadline(self) -> float | None:
+        return self._deadline
+
+    def check_integrity(self) -> None:
+        """Raises AssertionError if free + cached + in use != total for pages or slots, or locks drift."""
+        tree_pages, snap_slots = self.index.check_integrity()
+        private: set[int] = set()
+        slots: set[int] = set()
+        locks = 0
+        snap_locks = 0
+        for b in self.running:
+            tr: _Track = b.sched
+            assert not (tr.private & private), f"{b.key}: private page shared"
+            private |= tr.private
+            assert tr.private <= set(tr.page_table), f"{b.key}: private page outside its page table"
+            assert len(tr.page_table) * self.block_size >= b.num_computed_tokens
+            for s in (tr.working, tr.rolling):
+                if s is not None:
+                    assert s not in slots and s not in snap_slots, f"{b.key}: slot {s} used twice"
+                    slots.add(s)
+            locks += tr.node is not None
+            snap_locks += tr.read_snapshot is not None
+        for b in self.waiting + self.held:
+            tr = b.sched
+            assert not tr.private and tr.node is None and tr.working is None, f"{b.key}: waiting but holds memory"
+        assert not (private & tree_pages), "a private page is also in the tree"
+        assert len(private) + len(tree_pages) + self.pages.num_free == self.pages.capacity, (
+            f"page leak: private {len(private)} + cached {len(tree_pages)} + free {self.pages.num_free} "
+            f"!= {self.pages.capacity}")
+        assert len(slots) + len(snap_slots) + self.slots.num_free == self.slots.capacity, "slot leak"
+        top = sum(n.lock_ref for r in self.index._roots.values() for n in r.children.values())
+        assert top == locks, f"lock drift: tree says {top}, branches hold {locks}"
+        held_snap = sum(n.snapshot.lock for n in self.index._snap_nodes)
+        assert held_snap == snap_locks, "snapshot lock drift"
+
+    def holds_nothing(self) -> bool:
+        """True when no branch holds pages, slots or locks (only the cache itself remains)."""
+        pages, slots = self.index.check_integrity()
+        return (len(pages) + self.pages.num_free == self.pages.capacity
+                and len(slots) + self.slots.num_free == self.slots.capacity
+                and all(n.lock_ref == 0 for n in self.index._iter_nodes()))
+
+    # ================================================================== the scan
+    def _scan_waiting(self, batch: Batch, rows: int, tokens: int, now: float) -> None:
+        selected: set[int] = set()
+        frag_deferred: list[Branch] = []
+        for b in self.waiting:
+            outcome, plan, reason = self._check(b, rows, tokens)
+            if outcome is Outcome.READY:
+                self._select(b, plan, batch, now)
+                selected.add(b.uid)
+                rows -= 1
+                tokens -= plan.num_tokens
+                continue
+            if outcome is Outcome.BLOCKED:
+                batch.deferred += 1
+                self.blocked_total += 1
+                if self.arm.traversal.continue_after_blocked():
+                    continue
+                batch.stop_reason = "blocked"
+                break
+            if reason == "short-fragment":
+                frag_deferred.append(b)
+                continue
+            batch.stop_reason = reason
+            break
+        for b in frag_deferred:  # split only what nothing else could fill
+            outcome, plan, reason = self._check(b, rows, tokens, allow_split=True)
+            if outcome is not Outcome.READY:
+                break
+            self._select(b, plan, batch, now)
+            selected.add(b.uid)
+            rows -= 1
+            tokens -= plan.num_tokens
+        if selected:
+            self.waiting = [b for b in self.waiting if b.uid not in selected]
+
+    def _check(self, b: Branch, rows: int, tokens: int, allow_split: bool = False):
+        """σ_t(b | B) at the scan position, plus the plan to select it."""
+        if rows == 0:
+            return Outcome.OTHER, None, "rows"
+        if tokens == 0:
+            return Outcome.OTHER, None, "tokens"
+        m = self._match(b)
+        snapshot = None
+        if self.hybrid:
+            bd = self.index.boundary(m)
+            if bd.blocking is not None:
+                if self._chunk(bd.blocking.depth, b.num_tokens, tokens) == 0:
+                    return Outcome.OTHER, None, "tokens"
+                return Outcome.BLOCKED, None, "blocked"
+            start, snapshot = bd.ready, bd.ready_snapshot
+        else:
+            start = m.depth
+        n = self._chunk(start, b.num_tokens, tokens)
+        if n == 0:
+            return Outcome.OTHER, None, "tokens"
+        if self.arm.frag and not allow_split:
+            if n < self._chunk(start, b.num_tokens, self.config.max_num_batched_tokens):
+                return Outcome.OTHER, None, "short-fragment"
+        # Hold the matched path while making room, so eviction cannot take what we matched.
+        node = m.node if start else None
+        self.index.lock(node)
+        if snapshot is not None:
+            snapshot.lock += 1
+        need = -(-(start + n) // self.block_size) - start // self.block_size
+        ok = self._ensure_pages(need) and (not self.hybrid or self._ensure_slots(1))
+        self.index.unlock(node)
+        if snapshot is not None:
+            snapshot.lock -= 1
+        if not ok:
+            return Outcome.OTHER, None, "memory"
+        return Outcome.READY, _Plan(m, start, n, snapshot), None
+
+    # ================================================================== placing rows
+    def _select(self, b: Branch, plan: _Plan, batch: Batch, now: float) -> None:
+        tr: _Track = b.sched
+        start = plan.start
+        if b.first_selected_at is None:
+            b.first_selected_at = now
+            b.cached_tokens = start
+            b.identity_hit = plan.match.depth
+        b.state = BranchState.RUNNING
+        tr.start_order = self._next_start
+        self._next_start += 1
+        self.running.append(b)
+        b.num_computed_tokens = start
+        if start:
+            node = plan.match.node
+            self.index.lock(node)
+            tr.node = node
+            self.index.touch(node, now)
+            tr.page_table = self.index.pages_upto(plan.match, start // self.block_size)
+        tr.level = 0
+        state_in = None
+        if plan.snapshot is not None:
+            plan.snapshot.lock += 1
+            plan.snapshot.last_access = now
+            tr.read_snapshot = plan.snapshot
+            state_in = plan.snapshot.slot
+            tr.level = plan.snapshot.level
+        if self.hybrid:
+            tr.working = self.slots.allocate_one()
+        self._place(b, start, plan.num_tokens, batch, now, state_in, first=True)
+
+    def _place(self, b: Branch, start: int, n: int, batch: Batch, now: float, state_in: int | None,
+               first: bool = False) -> None:
+        tr: _Track = b.sched
+        bs = self.block_size
+        end = start + n
+        new = -(-end // bs) - len(tr.page_table)
+        if new > 0:
+            pages = self.pages.allocate(new)
+            tr.page_table.extend(pages)
+            tr.private.update(pages)
+        full = end // bs
+        if self.config.enable_prefix_caching and full:
+            self._register(b, full, now)
+        tr.level += 1
+        self.max_level = max(self.max_level, tr.level)
+        frag = Fragment(b, start, n, list(tr.page_table), samples=end == b.num_tokens, first=first)
+        if self.hybrid:
+            if not first:
+                state_in = tr.working
+            frag.state_in = state_in
+            frag.state_out = self._captures(b, start, end, now)
+        batch.fragments.append(frag)
+        b.num_fragments += 1
+
+    def _register(self, b: Branch, full: int, now: float) -> None:
+        """Registers the branch's full pages in the index (pending: usable by full attention this round)."""
+        tr: _Track = b.sched
+        if len(tr.hashes) < full:
+            tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
+        node, adopted = self.index.insert(b.namespace, b.tokens, tr.hashes, tr.page_table, full, now)
+        for p in tr.page_table[adopted:full]:
+            tr.private.discard(p)
+        if node is not tr.node:
+            self.index.lock(node)
+            self.index.unlock(tr.node)
+            tr.node = node
+
+    def _captures(self, b: Branch, start: int, end: int, now: float) -> list[tuple[int, int]]:
+        """State captures of a hybrid row: every interval boundary in (start, end], the last page
+        boundary (a candidate end-of-branch snapshot) and the row's end (the working state)."""
+        tr: _Track = b.sched
+        out: list[tuple[int, int]] = []
+        if self.config.enable_prefix_caching:
+            first_b = (start // self.interval + 1) * self.interval
+            for depth in range(first_b, end + 1, self.interval):
+                node = self.index.node_at(self.index.match(tr.hashes, depth // self.block_size))
+                if node.snapshot is not None or not self._ensure_slots(1):
+                    continue
+                slot = self.slots.allocate_one()
+                snap = self.index.attach_snapshot(node, slot, b.uid, now)
+                snap.level = tr.level
+                out.append((depth - start, slot))
+            page_end = end // self.block_size * self.block_size
+            if page_end > start and page_end % self.interval:
+                if tr.rolling is None and self._ensure_slots(1):
+                    tr.rolling = self.slots.allocate_one()
+                if tr.rolling is not None:
+                    out.append((page_end - start, tr.rolling))
+                    tr.rolling_depth = page_end
+        out.append((end - start, tr.working))
+        return out
+
+    # ================================================================== finishing
+    def _finish_reason(self, b: Branch, sample) -> str | None:
+        if getattr(sample, "finish_reason", None):
+            return sample.finish_reason
+        if sample.token in b.stop_token_ids:
+            return "stop"
+        if len(b.output) >= b.max_new_tokens:
+            return "length"
+        return None
+
+    def _finish(self, b: Branch, now: float) -> None:
+        self._release(b, keep_end_snapshot=True, now=now)
+        self.running.remove(b)
+        b.state = BranchState.FINISHED
+        b.finished_at = now
+        self.finished.append(b)
+
+    def _release(self, b: Branch, keep_end_snapshot: bool, now: float = 0.0) -> None:
+        tr: _Track = b.sched
+        if tr.rolling is not None:
+            if keep_end_snapshot and self._attach_end_snapshot(b):
+                tr.rolling = None
+            else:
+                self.slots.free([tr.rolling])
+                tr.rolling = None
+        if tr.working is not None:
+            self.slots.free([tr.working])
+            tr.working = None
+        if tr.read_snapshot is not None:
+            tr.read_snapshot.lock -= 1
+            tr.read_snapshot = None
+        self.index.unlock(tr.node)
+        tr.node = None
+        self.pages.free(sorted(tr.private))
+        tr.private.clear()
+        tr.page_table = []
+        tr.rolling_depth = 0
+
+    def _attach_end_snapshot(self, b: Branch) -> bool:
+        tr: _Track = b.sched
+        depth = tr.rolling_depth
+        if depth == 0 or depth > b.num_computed_tokens:
+            return False
+        m = self.index.match(tr.hashes, depth // self.block_size)
+        if m.depth != depth:
+            return False
+        snap = self.index.attach_snapshot(self.index.node_at(m), tr.rolling, None, 0.0)
+        if snap is None:
+            return False
+        snap.level = tr.level
+        return True
+
+    def _preempt(self, b: Branch) -> None:
+        """Recompute preemption (as vLLM): drop everything, go back to the front of the queue."""
+        self._release(b, keep_end_snapshot=False)
+        self.running.remove(b)
+        b.num_computed_tokens = 0
+        b.num_preemptions += 1
+        self.preemptions += 1
+        b.state = BranchState.WAITING
+        self.waiting.insert(0, b)
+
+    # ================================================================== helpers
+    def _match(self, b: Branch) -> Match:
+        if not self.config.enable_prefix_caching:
+            return Match(0, None)
+        tr: _Track = b.sched
+        max_pages = (b.num_tokens - 1) // self.block_size
+        if len(tr.hashes) < max_pages:
+            tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
+        return self.index.match(tr.hashes, max_pages)
+
+    def _demand(self, b: Branch) -> int:
+        """Remaining prefill tokens of `b` if it started now from the published cache."""
+        m = self._match(b)
+        start = self.index.ready_boundary(m)[0] if self.hybrid else m.depth
+        return b.num_tokens - start
+
+    def _chunk(self, start: int, total: int, tokens: int) -> int:
+        """Tokens for one row: all that is left if it fits, else a chunk cut to a state boundary."""
+        n = min(total - start, tokens)
+        if n < total - start and self.hybrid:
+            n = (start + n) // self.interval * self.interval - start
+        return max(n, 0)
+
+    def _new_pages(self, b: Branch, end: int) -> int:
+        return max(0, -(-end // self.block_size) - len(b.sched.page_table))
+
+    def _ensure_pages(self, n: int) -> bool:
+        if self.pages.num_free < n:
+            self.index.evict_pages(n - self.pages.num_free)
+        return self.pages.num_free >= n
+
+    def _ensure_slots(self, n: int) -> bool:
+        if self.slots.num_free < n:
+            self.index.evict_snapshots(n - self.slots.num_free)
+        return self.slots.num_free >= n

@@ -1,0 +1,92 @@
+"""c(B): the host time of one worker call, from a model spec, a GPU and the batch's fragments.
+
+c(B) = host + layer_launch·L + row·|B| + max(dense compute, weight + KV + state traffic)
+       + attention + recurrent-state work
+The constants were fitted once to two figures of the paper (SPEC §11); see docs/cost_model.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixflow.core.batch import Batch
+from radixflow.spec.model_spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    bf16_flops: float  # dense peak, FLOP/s
+    hbm_bandwidth: float  # bytes/s
+    memory: float  # bytes
+
+
+GPUS: dict[str, GPU] = {
+    "a800": GPU("a800", 312e12, 2.039e12, 80e9),
+    "h100": GPU("h100", 989e12, 3.35e12, 80e9),
+    "h200": GPU("h200", 989e12, 4.8e12, 141e9),
+}
+
+
+def get_gpu(name: str) -> GPU:
+    gpu = GPUS.get(name.strip().lower())
+    if gpu is None:
+        raise ValueError(f"unknown GPU {name!r}; choose from: {', '.join(GPUS)}")
+    return gpu
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    host: float = 0.006  # fixed per call: scheduling, input preparation, sampling (eager mode)
+    layer_launch: float = 0.0011  # per layer per call: eager kernel launches
+    row: float = 0.0004  # per row: metadata, state gather/scatter, logits
+    dense_efficiency: float = 0.92  # fraction of peak reached by the dense GEMMs (fitted, see docs)
+    attention_efficiency: float = 0.45
+    recurrent_efficiency: float = 0.10  # chunked GDN / SSD kernels run far from peak
+    bandwidth_efficiency: float = 0.80
+
+
+class CostModel:
+    def __init__(self, spec: ModelSpec, gpu: GPU, constants: CostConstants = CostConstants()) -> None:
+        self.spec = spec
+        self.gpu = gpu
+        self.k = constants
+
+    def call_time(self, batch: Batch) -> float:
+        s, g, k = self.spec, self.gpu, self.k
+        tokens = batch.num_tokens
+        rows = batch.num_rows
+        if rows == 0:
+            return 0.0
+        dense = s.flops_per_token * tokens / (g.bf16_flops * k.dense_efficiency)
+        attn = 0.0
+        kv_bytes = 0.0
+        snaps = 0
+        for f in batch.fragments:
+            attn += s.attention_flops(f.num_tokens, f.start)
+            kv_bytes += (f.start + f.num_tokens) * s.kv_bytes_per_token
+            snaps += len(f.state_out)
+        state_bytes = (rows + snaps) * s.state_bytes_per_snapshot  # restore per row + each capture
+        traffic = (s.weight_bytes + kv_bytes + state_bytes) / (g.hbm_bandwidth * k.bandwidth_efficiency)
+        attn_t = attn / (g.bf16_flops * k.attention_efficiency)
+        rec_t = s.recurrent_flops(tokens) / (g.bf16_flops * k.recurrent_efficiency)
+        overhead = k.host + k.layer_launch * len(s.layers) + k.row * rows
+        return overhead + max(dense, traffic) + attn_t + rec_t
+
+
+def pool_sizes(spec: ModelSpec, gpu: GPU, block_size: int, utilization: float = 0.8,
+               state_fraction: float = 0.5, activation_reserve: float = 0.04) -> tuple[int, int]:
+    """(KV pages, snapshot slots) that fit in `utilization` of the GPU after weights and activations.
+
+    Hybrid models split the cache budget: `state_fraction` goes to state slots (working states of
+    running branches and snapshots), the rest to KV pages.
+    """
+    budget = gpu.memory * (utilization - activation_reserve) - spec.weight_bytes
+    if budget <= 0:
+        raise ValueError(f"{spec.name} weights ({spec.weight_bytes / 1e9:.1f} GB) do not fit in "
+                         f"{utilization:.0%} of {gpu.name} memory")
+    if not spec.is_hybrid:
+        return int(budget // (spec.kv_bytes_per_token * block_size)), 0
+    slots = int(budget * state_fraction // spec.state_bytes_per_snapshot)
+    pages = int(budget * (1 - state_fraction) // (spec.kv_bytes_per_token * block_size))
+    return pages, slots

@@ -1,0 +1,58 @@
+"""Runs arms of the simulator over a workload: the shared back end of `radixflow simulate` and
+`radixflow experiment`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from radixflow.config import SchedulerConfig
+from radixflow.core.branch import Branch
+from radixflow.core.loop import run_trace
+from radixflow.core.metrics import ArmMeasures, measure, merge
+from radixflow.core.policies import Arm
+from radixflow.core.scheduler import Scheduler
+from radixflow.sim.cost_model import GPU, CostModel, pool_sizes
+from radixflow.sim.executor import SimExecutor
+from radixflow.spec.model_spec import ModelSpec
+from radixflow.workloads.trace import fresh_copies
+
+
+@dataclass
+class SimSetup:
+    spec: ModelSpec
+    gpu: GPU
+    config: SchedulerConfig
+    gpu_memory_utilization: float = 0.8
+    state_fraction: float = 0.5
+    size_pools: bool = True  # size the pools from GPU memory (else keep config's pool sizes)
+    check: bool = False  # check_integrity() after every round (tests)
+    round_hook: Callable | None = field(default=None, repr=False)
+
+    def scheduler_config(self) -> SchedulerConfig:
+        cfg = SchedulerConfig(**vars(self.config))
+        if self.size_pools:
+            cfg.num_kv_pages, cfg.num_state_slots = pool_sizes(
+                self.spec, self.gpu, cfg.block_size, self.gpu_memory_utilization, self.state_fraction)
+        return cfg
+
+
+def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
+            progress: Callable[[int], None] | None = None) -> tuple[ArmMeasures, list]:
+    """Runs one arm over each workload part (fresh cache each); returns merged measures and the runs."""
+    parts = []
+    runs = []
+    for branches in workloads:
+        sched = Scheduler(setup.scheduler_config(), arm, setup.spec.is_hybrid)
+
+        def hook(s, batch):
+            if setup.check:
+                s.check_integrity()
+            if setup.round_hook is not None:
+                setup.round_hook(s, batch)
+
+        res = run_trace(sched, SimExecutor(CostModel(setup.spec, setup.gpu), setup.spec.vocab_size),
+                        fresh_copies(branches), on_round=hook, progress=progress)
+        parts.append(measure(arm.name, res))
+        runs.append(res)
+    return merge(arm.name, parts), runs
