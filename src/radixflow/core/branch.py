@@ -32,6 +32,7 @@ class Branch:
     identity_hit: int | None = None  # ĥ at first selection
     admitted_at: float | None = None
     first_selected_at: float | None = None
+    first_token_at: float | None = None
     finished_at: float | None = None
     num_fragments: int = 0
     num_preemptions: int = 0

@@ -157,6 +157,8 @@ class Scheduler:
                 if sample is None:
                     raise RuntimeError(f"executor returned no sample for row {i} ({b.key})")
                 b.output.append(sample.token)
+                if b.first_token_at is None:
+                    b.first_token_at = now
                 reason = self._finish_reason(b, sample)
                 if reason is not None:
                     b.finish_reason = reason
