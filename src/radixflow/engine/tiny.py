@@ -1,0 +1,129 @@
+"""Tiny random models, one per family, for tests and CPU benchmarks (no downloads ever).
+
+`ensure_tiny_model(name)` builds a model deterministically from a seed and writes it ONCE, in
+Hugging Face format (config.json, model.safetensors, tokenizer.json, tokenizer_config.json), into
+a local cache directory; transformers' AutoModelForCausalLM can load the same directory. Sizes
+are chosen so a few hundred 300-2000-token prompts run in minutes on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from .models import build_model
+from .tokenizer import save_byte_tokenizer
+
+TINY_MODELS = ("tiny-qwen3.5", "tiny-nemotron-h", "tiny-qwen3")
+VOCAB = 512        # 256 bytes + 3 special tokens, padded like real checkpoints pad their vocab
+EOS_ID, PAD_ID = 258, 256  # <|im_end|>, <|endoftext|> in the byte-level tokenizer
+
+_COMMON: dict[str, Any] = {"vocab_size": VOCAB, "hidden_size": 128, "eos_token_id": EOS_ID,
+                           "pad_token_id": PAD_ID, "tie_word_embeddings": False, "dtype": "float32",
+                           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+_CONFIGS: dict[str, dict[str, Any]] = {
+    "tiny-qwen3.5": {
+        **_COMMON, "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"],
+        "num_hidden_layers": 8, "intermediate_size": 384, "rms_norm_eps": 1e-6,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "max_position_embeddings": 32768,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                            "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+    },
+    "tiny-nemotron-h": {
+        **_COMMON, "model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"],
+        "layers_block_type": ["linear_attention", "mlp", "linear_attention", "full_attention", "mlp",
+                              "linear_attention", "mlp"],
+        "intermediate_size": 384, "layer_norm_epsilon": 1e-5, "mlp_hidden_act": "relu2",
+        "ssm_state_size": 32, "mamba_num_heads": 8, "mamba_head_dim": 32, "n_groups": 2, "conv_kernel": 4,
+        "chunk_size": 64, "use_conv_bias": True, "max_position_embeddings": 32768,
+    },
+    "tiny-qwen3": {
+        **_COMMON, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4,
+        "intermediate_size": 384, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+}
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("RADIXFLOW_CACHE", "~/.cache/radixflow")).expanduser() / "models"
+
+
+def resolve_model(name_or_path: str | Path) -> Path:
+    """A tiny model name (built on first use) or an existing model directory."""
+    if str(name_or_path) in TINY_MODELS:
+        return ensure_tiny_model(str(name_or_path))
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    raise ValueError(f"{name_or_path!r} is neither a model directory nor a tiny model name "
+                     f"(tiny models: {', '.join(TINY_MODELS)})")
+
+
+def ensure_tiny_model(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> Path:
+    """Directory of tiny model `name` for `seed`, writing it atomically the first time."""
+    if name not in _CONFIGS:
+        raise ValueError(f"unknown tiny model {name!r}; choose one of {', '.join(TINY_MODELS)}")
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = root / (name if seed == 0 else f"{name}-seed{seed}")
+    if (target / "model.safetensors").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
+    try:
+        write_tiny_model(name, tmp, seed)
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / "model.safetensors").is_file():  # not a lost race with another writer
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def write_tiny_model(name: str, directory: Path, seed: int) -> None:
+    """Write config, weights and tokenizer of tiny model `name` into an existing directory."""
+    config = _CONFIGS[name]
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    save_file(random_weights(config, seed), str(directory / "model.safetensors"), metadata={"format": "pt"})
+    save_byte_tokenizer(directory)
+
+
+def random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """Deterministic random weights for every tensor the model expects, by sorted name."""
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in build_model(config).state_dict().items()}
+    gen = torch.Generator().manual_seed(seed)
+    zero_centered = config["model_type"].startswith("qwen3_5")
+    return {k: _init(k, shapes[k], gen, zero_centered).contiguous() for k in sorted(shapes)}
+
+
+def _init(name: str, shape: tuple[int, ...], gen: torch.Generator, zero_centered: bool) -> torch.Tensor:
+    noise = torch.randn(shape, generator=gen)
+    leaf = name.rsplit(".", 2)[-2] if "." in name else name
+    if name.endswith("A_log"):
+        return torch.log(1.0 + 15.0 * torch.rand(shape, generator=gen))
+    if name.endswith("dt_bias"):
+        return -2.0 + 2.0 * torch.rand(shape, generator=gen)   # softplus -> dt in ~[0.13, 0.69]
+    if name.endswith(".D"):
+        return 1.0 + 0.1 * noise
+    if "norm" in leaf:
+        plain = not zero_centered or name.endswith("linear_attn.norm.weight")
+        return (1.0 if plain else 0.0) + 0.1 * noise
+    if name.endswith("bias"):
+        return 0.02 * noise
+    if "conv1d" in name:
+        return noise / math.sqrt(shape[-1])
+    if "embed" in name:
+        return noise
+    return noise / math.sqrt(shape[-1])   # fan-in scaling keeps activations O(1)
