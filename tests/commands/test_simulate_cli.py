@@ -1,0 +1,43 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from radixflow.cli import main
+
+
+def test_figure1_json_schema(tmp_path):
+    out = tmp_path / "f1.json"
+    assert main(["simulate", "--workload", "figure1", "--policy", "radix,radixflow", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    arms = {a["policy"]: a for a in data["arms"]}
+    for key in ("policy", "rounds", "fragments", "tokens", "rows_per_round", "empty_slots", "reuse_rate",
+                "latency_mean", "latency_p95", "first_selection_wait_mean", "host_time", "cost_per_round",
+                "lower_bound"):
+        assert key in arms["radix"]
+    assert (arms["radix"]["rounds"], arms["radix"]["empty_slots"]) == (6, 9)
+    assert (arms["radixflow"]["rounds"], arms["radixflow"]["empty_slots"]) == (4, 1)
+    ci = arms["radixflow"]["cost_identity"]
+    assert abs(ci["delta_host"] - (ci["round_gain"] - ci["cost_drift"])) < 1e-9
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--policy", "nope"], "unknown policy 'nope'"),
+    (["--model", "gpt-9"], "unknown model 'gpt-9'"),
+    (["--max-num-batched-tokens", "8", "--block-size", "16"], "smaller than one block"),
+])
+def test_bad_input_one_line_error_nonzero_exit(args, msg):
+    r = subprocess.run([sys.executable, "-m", "radixflow.cli", "simulate", "--workload", "figure1", *args],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and msg in lines[0]
+
+
+def test_bad_trace_file(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"request_id": "r", "branch": 0}\n')
+    r = subprocess.run([sys.executable, "-m", "radixflow.cli", "simulate", "--workload", str(p)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "missing field" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,32 @@
+from radixflow.config import SchedulerConfig
+from radixflow.core.policies import get_arm
+from radixflow.sim.cost_model import get_gpu
+from radixflow.sim.runner import SimSetup, run_arm
+from radixflow.spec import get_spec
+from radixflow.workloads.figure1 import FIGURE1_BUDGETS, figure1_records
+from radixflow.workloads.trace import branch_from_record
+
+
+def _run(arm: str, model: str = "qwen3.5-0.8b"):
+    brs = [branch_from_record(r) for r in figure1_records()]
+    setup = SimSetup(get_spec(model), get_gpu("a800"), SchedulerConfig(**FIGURE1_BUDGETS), check=True)
+    return run_arm(setup, get_arm(arm), [brs])
+
+
+def test_figure1_prefix_stop_six_rounds_nine_empty():
+    m, _ = _run("radix")
+    assert (m.fragments, m.tokens, m.rounds, m.empty_slots, m.lower_bound) == (15, 12970, 6, 9, 4)
+
+
+def test_figure1_state_ready_reaches_lower_bound():
+    m, runs = _run("radixflow")
+    assert (m.fragments, m.tokens, m.rounds, m.empty_slots, m.lower_bound) == (15, 12970, 4, 1, 4)
+    assert m.dependency_depth == 2
+    assert runs[0].scheduler.holds_nothing()
+
+
+def test_figure1_full_attention_has_no_blocked_and_no_gain():
+    a, _ = _run("radix", "qwen3-8b")
+    b, _ = _run("radixflow", "qwen3-8b")
+    assert a.blocked_deferrals == b.blocked_deferrals == 0
+    assert a.rounds == b.rounds

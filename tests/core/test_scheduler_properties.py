@@ -1,0 +1,134 @@
+"""Property tests of the scheduler's guarantees (SPEC §5) over random workloads and budgets."""
+
+import copy
+
+from factories import small_config
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from radixflow.core.batch import Batch, ExecResult, Outcome, Sample
+from radixflow.core.branch import Branch
+from radixflow.core.policies import ARMS, get_arm
+from radixflow.core.scheduler import Scheduler
+from radixflow.workloads.trace import Segment, tokens_of
+
+
+@st.composite
+def workloads(draw):
+    n_docs = draw(st.integers(1, 4))
+    doc_lens = [draw(st.integers(1, 80)) for _ in range(n_docs)]
+    n = draw(st.integers(1, 14))
+    branches = []
+    t = 0.0
+    for i in range(n):
+        d = draw(st.integers(0, n_docs - 1))
+        tail = draw(st.integers(1, 30))
+        toks = tokens_of([Segment(f"d{d}", doc_lens[d]), Segment(f"t{i}", tail)], vocab=50)
+        t += draw(st.sampled_from([0.0, 0.0, 0.001, 0.01]))
+        branches.append(Branch(f"q{i // 2}", i % 2, toks, namespace=draw(st.sampled_from(["a", "b"])),
+                               arrival=t, max_new_tokens=draw(st.integers(1, 3))))
+    return branches
+
+
+budgets = st.fixed_dictionaries({
+    "max_num_seqs": st.integers(1, 5),
+    "max_num_batched_tokens": st.sampled_from([16, 32, 48, 100]),
+    "num_kv_pages": st.sampled_from([64, 200, 4096]),
+    "num_state_slots": st.sampled_from([8, 16, 512]),
+})
+
+
+class _Exec:
+    def execute(self, batch: Batch) -> ExecResult:
+        return ExecResult(0.004 + 0.0001 * batch.num_tokens,
+                          {i: Sample(7 + f.end % 5) for i, f in enumerate(batch.fragments) if f.samples})
+
+
+def _fresh(branches):
+    return [Branch(b.request_id, b.index, b.prompt, b.namespace, b.arrival, b.max_new_tokens) for b in branches]
+
+
+def _assert_feasible(s: Scheduler, batch: Batch) -> None:
+    cfg = s.config
+    assert batch.num_rows <= cfg.max_num_seqs
+    assert batch.num_tokens <= cfg.max_num_batched_tokens
+    keys = [f.branch.uid for f in batch.fragments]
+    assert len(keys) == len(set(keys)), "a branch placed twice in one round"
+    for f in batch.fragments:
+        b = f.branch
+        assert f.num_tokens >= 1 and f.end <= b.num_tokens
+        assert len(f.page_table) * cfg.block_size >= f.end
+        if s.hybrid and f.end < b.num_tokens:
+            assert f.end % cfg.state_interval == 0, "non-final hybrid chunk not on a state boundary"
+        if s.hybrid and f.start > 0 and f.first:
+            assert f.state_in is not None, "hybrid row resumed without a state"
+
+
+def _drive(branches, arm, cfg, hybrid, per_round=None):
+    s = Scheduler(cfg, get_arm(arm), hybrid)
+    order = sorted(branches, key=lambda b: b.arrival)
+    now, i = 0.0, 0
+    ex = _Exec()
+    for _ in range(10_000):
+        if not (i < len(order) or s.has_unfinished):
+            break
+        while i < len(order) and order[i].arrival <= now:
+            s.add(order[i])
+            i += 1
+        deadline = s.admit(now)
+        if per_round is not None:
+            per_round(s, now)
+        batch = s.schedule(now)
+        if not batch:
+            nxt = [t for t in (order[i].arrival if i < len(order) else None, deadline) if t is not None]
+            assert nxt, "scheduler stuck with work left"
+            now = max(now, min(nxt))
+            continue
+        _assert_feasible(s, batch)
+        res = ex.execute(batch)
+        now += res.host_time
+        s.complete(batch, res, now)
+        s.check_integrity()
+    else:
+        raise AssertionError("did not finish")
+    return s
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), budgets, st.sampled_from(list(ARMS)), st.booleans())
+def test_every_branch_finishes_once_and_nothing_is_held(branches, budget, arm, hybrid):
+    s = _drive(branches, arm, small_config(**budget), hybrid)
+    assert len(s.finished) == len(branches)
+    assert len({b.uid for b in s.finished}) == len(branches)
+    assert all(b.finish_reason in ("length", "stop") for b in s.finished)
+    assert s.holds_nothing()
+    if not hybrid:
+        assert s.blocked_total == 0, "full-attention models never see Blocked"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), budgets, st.booleans())
+def test_prefix_stop_batch_is_subset_of_state_ready_and_no_avoidable_bubble(branches, budget, hybrid):
+    cfg = small_config(**budget)
+    checked = []
+
+    def compare(s: Scheduler, now: float) -> None:
+        ps = copy.deepcopy(s)
+        ps.arm = get_arm("radix")
+        sr = copy.deepcopy(s)
+        sr.arm = get_arm("radixflow")
+        b_ps = ps.schedule(now)
+        b_sr = sr.schedule(now)
+        sel_ps = {f.branch.uid for f in b_ps.fragments}
+        sel_sr = {f.branch.uid for f in b_sr.fragments}
+        assert sel_ps <= sel_sr, "prefix-stop selected a branch state-ready did not"
+        if b_sr.stop_reason is None and b_sr.num_rows < cfg.max_num_seqs:
+            rows = cfg.max_num_seqs - b_sr.num_rows
+            tokens = cfg.max_num_batched_tokens - b_sr.num_tokens
+            for b in sr.waiting:
+                outcome, _, _ = sr._check(b, rows, tokens)
+                assert outcome is not Outcome.READY, "avoidable bubble: a Ready branch was left out"
+        checked.append(len(sel_sr) - len(sel_ps))
+
+    _drive(_fresh(branches), "radixflow", cfg, hybrid, per_round=compare)
+    assert checked

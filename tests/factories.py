@@ -1,0 +1,31 @@
+"""Test factories shared across test folders (imported as `factories`; tests/ is on sys.path)."""
+
+from __future__ import annotations
+
+import random
+
+from radixflow.config import SchedulerConfig
+from radixflow.core.branch import Branch
+from radixflow.workloads.trace import tokens_of, Segment
+
+
+def make_branches(n_groups: int, doc_len: int, branches_per_group: int = 4, tail: int = 20,
+                  same_doc: bool = False, arrival_gap: float = 0.0, seed: int = 0) -> list[Branch]:
+    """Groups of branches sharing a document prefix (multi-candidate shape)."""
+    rng = random.Random(seed)
+    out = []
+    t = 0.0
+    for g in range(n_groups):
+        doc = Segment("doc0" if same_doc else f"doc{g}", doc_len)
+        for i in range(branches_per_group):
+            toks = tokens_of([doc, Segment(f"g{g}:tail{i}", tail + rng.randint(0, 10))])
+            out.append(Branch(f"r{g}", i, toks, namespace="ns", arrival=t))
+        t += arrival_gap
+    return out
+
+
+def small_config(**kw) -> SchedulerConfig:
+    base = dict(max_num_seqs=4, max_num_batched_tokens=256, block_size=4, state_interval=16,
+                num_kv_pages=4096, num_state_slots=512)
+    base.update(kw)
+    return SchedulerConfig(**base)
