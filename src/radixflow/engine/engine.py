@@ -1,0 +1,137 @@
+"""The real engine: the shared scheduler core driving a model through EngineExecutor.
+
+`Engine.step()` runs one round (admission, schedule, execute, complete); `LLM` and the server are
+thin layers over it. Time is a virtual clock advanced by measured host time (bench), or the caller's
+wall clock (server).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from radixflow.config import SchedulerConfig
+from radixflow.core.batch import Batch
+from radixflow.core.branch import Branch, LogicalRequest
+from radixflow.core.policies import get_arm
+from radixflow.core.scheduler import Scheduler
+from radixflow.engine.executor import EngineExecutor, RequestState
+from radixflow.engine.loader import LoadedModel, load_model
+from radixflow.engine.memory import default_budget, pool_sizes
+from radixflow.engine.sampling import SamplingParams
+from radixflow.engine.tiny import resolve_model
+
+
+@dataclass
+class EngineConfig:
+    model: str = "tiny-qwen3.5"
+    policy: str = "radixflow"
+    device: str = "cpu"
+    dtype: str = "float32"
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(
+        max_num_seqs=16, max_num_batched_tokens=2048, block_size=16, state_interval=64))
+    kv_cache_memory: int | None = None  # bytes; default: a fraction of host/GPU memory
+    memory_fraction: float = 0.05
+    state_memory_fraction: float = 0.3
+    max_model_len: int = 8192
+    seed: int = 0
+
+
+def _dtype(name: str) -> torch.dtype:
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(table)}")
+    return table[name]
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, keep_logits: bool = False):
+        self.config = config
+        if config.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("--device cuda asked for, but torch sees no CUDA device")
+        device = torch.device(config.device)
+        torch.manual_seed(config.seed)
+        self.loaded = loaded or load_model(resolve_model(config.model), device, _dtype(config.dtype))
+        model = self.loaded.model
+        sc = config.scheduler
+        layout_cache = model.allocate_cache(1, sc.block_size, 1)
+        kv_tok, st_bytes = layout_cache.kv_bytes_per_token, layout_cache.state_bytes_per_slot
+        del layout_cache
+        budget = config.kv_cache_memory or default_budget(device, config.memory_fraction)
+        pages, slots = pool_sizes(budget, kv_tok, st_bytes, sc.block_size, config.max_model_len,
+                                  sc.max_num_seqs, model.is_hybrid, config.state_memory_fraction)
+        sc = SchedulerConfig(**{**vars(sc), "num_kv_pages": pages, "num_state_slots": max(slots, 0)})
+        self.scheduler_config = sc
+        self.cache = model.allocate_cache(pages, sc.block_size, max(slots, 1) if model.is_hybrid else 0)
+        self.executor = EngineExecutor(model, self.cache, self.loaded.tokenizer, keep_logits)
+        self.scheduler = Scheduler(sc, get_arm(config.policy), model.is_hybrid)
+        self.now = 0.0
+        self.requests: dict[str, LogicalRequest] = {}
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.loaded.model.vocab_size
+
+    def make_branch(self, request_id: str, index: int, prompt: list[int], params: SamplingParams,
+                    namespace: str = "", arrival: float | None = None) -> Branch:
+        if not prompt:
+            raise ValueError("empty prompt")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if len(prompt) + params.max_tokens > self.config.max_model_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                             f"max_model_len {self.config.max_model_len}")
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops.update(self.loaded.model.eos_token_ids)
+        b = Branch(request_id, index, tuple(prompt), namespace, self.now if arrival is None else arrival,
+                   params.max_tokens, frozenset(stops))
+        b.user_data = RequestState(params, self.cache.device)
+        return b
+
+    def add(self, branches: list[Branch]) -> LogicalRequest:
+        req = LogicalRequest(branches[0].request_id, branches, min(b.arrival for b in branches))
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in flight")
+        for b in branches:
+            self.scheduler.add(b)
+        self.requests[req.request_id] = req
+        return req
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is not None:
+            for b in req.branches:
+                self.scheduler.abort(b)
+
+    def step(self, now: float | None = None) -> tuple[Batch, list[LogicalRequest]]:
+        """One round; returns the batch run (maybe empty) and the requests that finished."""
+        if now is not None:
+            self.now = max(self.now, now)
+        self.scheduler.admit(self.now)
+        batch = self.scheduler.schedule(self.now)
+        if not batch:
+            return batch, []
+        result = self.executor.execute(batch)
+        self.now = self.now + result.host_time if now is None else max(self.now, now + result.host_time)
+        self.scheduler.complete(batch, result, self.now)
+        finished = []
+        for rid in {f.branch.request_id for f in batch.fragments}:
+            req = self.requests.get(rid)
+            if req is not None and req.finished:
+                finished.append(self.requests.pop(rid))
+        return batch, finished
+
+    def idle_until(self) -> float | None:
+        return self.scheduler.next_deadline
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
