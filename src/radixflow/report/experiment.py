@@ -1,0 +1,263 @@
+"""Paper-scale experiments on the simulator: a grid of cells run over the CPU cores, resumable.
+
+`paper` is SPEC §11's setup (six models x six arms x three streams x two orders, 1,551 questions per
+stream, 5 req/s for Qwen and 1.5 req/s for Nemotron); `quick` is a small grid that still feeds every
+table and figure of the report.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from radixflow.config import SchedulerConfig
+from radixflow.core.branch import group_requests
+from radixflow.core.policies import ARMS, get_arm
+from radixflow.report import paper
+from radixflow.report.cells import MANIFEST, Cell, is_done, read_json, write_atomic
+from radixflow.sim.cost_model import get_gpu
+from radixflow.sim.runner import SimSetup, run_arm
+from radixflow.spec import get_spec
+from radixflow.workloads.figure1 import FIGURE1_BUDGETS, figure1_records
+from radixflow.workloads.qa import ORDERS, STREAMS, paper_questions, stream_records
+from radixflow.workloads.trace import branch_from_record
+
+DIAGRAM_ARMS = ("radix", "radixflow")  # prefix-stop and state-ready traversal
+DIAGRAM_MODEL = "qwen3.5-0.8b"  # any hybrid model: the instance is about tokens, not time
+MULTITURN_MODELS = ("qwen3-8b", "qwen3.5-0.8b")  # one full-attention, one hybrid
+TRACE_MODULE = "radixflow.commands.trace"
+
+
+@dataclass
+class Grid:
+    models: tuple[str, ...] = paper.MODELS
+    arms: tuple[str, ...] = tuple(ARMS)
+    streams: tuple[str, ...] = STREAMS
+    orders: tuple[str, ...] = ORDERS
+    questions: int | None = None  # per stream; None = all 1,551
+    seed: int = 0
+    gpu: str = "a800"
+    rate: float | None = None  # None = the paper's rate per model
+    calibrate: bool = False
+    budgets: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(paper.BUDGETS))
+
+    def rate_of(self, model: str) -> float:
+        return self.rate if self.rate is not None else paper.RATES.get(model, 5.0)
+
+    def cells(self) -> list[Cell]:
+        qa = [
+            Cell("qa", m, a, s, o)
+            for m in self.models
+            for a in self.arms
+            for s in self.streams
+            for o in self.orders
+        ]
+        extra = [Cell("figure1", DIAGRAM_MODEL, a) for a in DIAGRAM_ARMS]
+        if importlib.util.find_spec(TRACE_MODULE) is not None:
+            extra += [Cell("multiturn", m) for m in MULTITURN_MODELS]
+        return extra + qa
+
+    def fingerprint(self, cell: Cell) -> dict:
+        fp = {"kind": cell.kind, "seed": self.seed, "gpu": self.gpu}
+        if cell.kind == "qa":
+            fp.update(
+                questions=self.questions,
+                rate=self.rate_of(cell.model),
+                budgets=list(self.budgets.get(cell.model, (16, 8192))),
+            )
+        return fp
+
+
+PRESETS = {
+    "paper": Grid(),
+    "quick": Grid(questions=24),
+}
+
+
+def preset(name: str) -> Grid:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    return replace(PRESETS[name], budgets=dict(PRESETS[name].budgets))
+
+
+# ----------------------------------------------------------------------------- one cell
+def sim_setup(grid: Grid, model: str, budgets: tuple[int, int], hook=None) -> SimSetup:
+    spec = get_spec(model)
+    cfg = SchedulerConfig(max_num_seqs=budgets[0], max_num_batched_tokens=budgets[1])
+    cfg.validate()
+    return SimSetup(spec, get_gpu(grid.gpu), cfg, round_hook=hook)
+
+
+def qa_branches(grid: Grid, model: str, stream: str, order: str, questions=None, seed=None):
+    seed = grid.seed if seed is None else seed
+    qs = questions if questions is not None else paper_questions(seed, grid.questions)
+    recs = stream_records(qs, stream, order, grid.rate_of(model), seed, prefix=f"{stream}-{order}:")
+    vocab = get_spec(model).vocab_size
+    return [branch_from_record(r, f"{stream}/{order}", vocab) for r in recs]
+
+
+def _qa_cell(grid: Grid, cell: Cell) -> dict:
+    budgets = grid.budgets.get(cell.model, (16, 8192))
+    setup = sim_setup(grid, cell.model, budgets)
+    m, runs = run_arm(setup, get_arm(cell.arm), [qa_branches(grid, cell.model, cell.stream, cell.order)])
+    run = runs[0]
+    hist = [0] * (budgets[0] + 1)
+    for r in run.scheduler.rounds:
+        hist[r.rows] += 1
+    lat = [round(r.latency, 6) for r in group_requests(run.branches) if r.latency is not None]
+    arm = {**m.to_dict(), "rows_hist": hist, "latencies": lat}
+    return {
+        "meta": {
+            "kind": "qa",
+            "model": cell.model,
+            "arm": cell.arm,
+            "stream": cell.stream,
+            "order": cell.order,
+            "rate": grid.rate_of(cell.model),
+            "questions": grid.questions,
+            "max_num_seqs": budgets[0],
+            "max_num_batched_tokens": budgets[1],
+        },
+        "arms": [arm],
+    }
+
+
+def _figure1_cell(grid: Grid, cell: Cell) -> dict:
+    diagram = []
+
+    def hook(sched, batch):
+        diagram.append(
+            [
+                {
+                    "branch": f.branch.request_id,
+                    "group": f.branch.namespace,
+                    "start": f.start,
+                    "tokens": f.num_tokens,
+                }
+                for f in batch.fragments
+            ]
+        )
+
+    budgets = (FIGURE1_BUDGETS["max_num_seqs"], FIGURE1_BUDGETS["max_num_batched_tokens"])
+    setup = sim_setup(grid, cell.model, budgets, hook)
+    vocab = setup.spec.vocab_size
+    m, _ = run_arm(
+        setup, get_arm(cell.arm), [[branch_from_record(r, "figure1", vocab) for r in figure1_records()]]
+    )
+    arm = get_arm(cell.arm)
+    return {
+        "meta": {
+            "kind": "figure1",
+            "model": cell.model,
+            "arm": cell.arm,
+            "traversal": arm.traversal.name,
+            "max_num_seqs": budgets[0],
+            "max_num_batched_tokens": budgets[1],
+        },
+        "arms": [m.to_dict()],
+        "diagram": diagram,
+    }
+
+
+def _multiturn_cell(grid: Grid, cell: Cell, path: Path) -> dict | None:
+    """Delegates to `radixflow trace multi-turn` (another module owns the multi-turn simulation)."""
+    from radixflow.cli import main as cli_main
+
+    tmp = path.with_suffix(".trace.json")
+    rc = cli_main(["trace", "multi-turn", "--model", cell.model, "--json", str(tmp)])
+    if rc != 0 or not tmp.exists():
+        raise RuntimeError(f"radixflow trace multi-turn --model {cell.model} exited with {rc}")
+    data = read_json(tmp)
+    tmp.unlink()
+    data.setdefault("meta", {}).update(kind="multiturn", model=cell.model)
+    return data
+
+
+def run_cell(task: tuple[Grid, Cell, str]) -> tuple[str, float, str | None]:
+    """Runs one cell and writes its JSON; returns (name, wall seconds, error or None). Never raises."""
+    grid, cell, root = task
+    path = cell.path(root)
+    t0 = time.perf_counter()
+    try:
+        if cell.kind == "qa":
+            data = _qa_cell(grid, cell)
+        elif cell.kind == "figure1":
+            data = _figure1_cell(grid, cell)
+        else:
+            data = _multiturn_cell(grid, cell, path)
+        wall = time.perf_counter() - t0
+        data["meta"].update(
+            command="experiment",
+            gpu=grid.gpu,
+            seed=grid.seed,
+            wall_time=wall,
+            fingerprint=grid.fingerprint(cell),
+        )
+        write_atomic(path, data)
+        return cell.name, wall, None
+    except Exception as e:  # a failing cell is reported by name; the others go on
+        return cell.name, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
+
+
+def _cost_rank(cell: Cell) -> float:
+    """Rough relative cost, so the longest cells start first and the cores finish together."""
+    if cell.kind != "qa":
+        return 0.0
+    return {"reuse": 0.5, "mixed": 0.8}.get(cell.stream, 1.0) * (2.0 if "27b" in cell.model else 1.0)
+
+
+def pool_map(fn: Callable, tasks: list, jobs: int, on_done: Callable) -> None:
+    if jobs <= 1 or len(tasks) <= 1:
+        for t in tasks:
+            on_done(fn(t))
+        return
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(min(jobs, len(tasks))) as pool:
+        for r in pool.imap_unordered(fn, tasks):
+            on_done(r)
+
+
+@dataclass
+class RunReport:
+    ran: list[tuple[str, float]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    wall: float = 0.0
+
+
+def run_experiment(grid: Grid, root: str | Path, jobs: int, progress=None) -> RunReport:
+    """Runs every unfinished cell of `grid` under `root`; `progress(total)` returns an advance callback."""
+    root = Path(root)
+    t0 = time.perf_counter()
+    if grid.calibrate:
+        from radixflow.report.calibrate import calibrate_all
+
+        grid.budgets.update(calibrate_all(grid, root, jobs))
+    cells = grid.cells()
+    write_atomic(
+        root / MANIFEST,
+        {
+            "grid": {**asdict(grid), "budgets": {k: list(v) for k, v in grid.budgets.items()}},
+            "cells": [c.name for c in cells],
+            "budget_source": "calibrated" if grid.calibrate else "paper",
+        },
+    )
+    out = RunReport()
+    todo = []
+    for c in cells:
+        (out.skipped.append(c.name) if is_done(c.path(root), grid.fingerprint(c)) else todo.append(c))
+    todo.sort(key=_cost_rank, reverse=True)
+    advance = progress(len(todo)) if progress else (lambda r: None)
+
+    def done(r):
+        name, wall, err = r
+        (out.failed.append((name, err)) if err else out.ran.append((name, wall)))
+        advance(r)
+
+    pool_map(run_cell, [(grid, c, str(root)) for c in todo], jobs, done)
+    out.wall = time.perf_counter() - t0
+    return out

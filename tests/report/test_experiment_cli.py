@@ -1,0 +1,31 @@
+from radixflow.cli import main
+
+
+def test_experiment_cli_runs_a_subset_and_resumes(tmp_path, capsys):
+    args = [
+        "experiment",
+        "--quick",
+        "--out",
+        str(tmp_path),
+        "--models",
+        "qwen3-8b",
+        "--arms",
+        "radix,radixflow",
+        "--streams",
+        "cold",
+        "--orders",
+        "forward",
+        "--questions",
+        "3",
+        "--jobs",
+        "1",
+    ]
+    assert main(args) == 0
+    assert "4 cells run, 0 already done, 0 failed" in capsys.readouterr().out
+    assert main(args) == 0
+    assert "0 cells run, 4 already done" in capsys.readouterr().out
+
+
+def test_experiment_cli_rejects_unknown_names(tmp_path, capsys):
+    assert main(["experiment", "--out", str(tmp_path), "--arms", "radix,fastest"]) == 2
+    assert "unknown fastest" in capsys.readouterr().err
