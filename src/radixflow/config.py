@@ -23,6 +23,8 @@ class SchedulerConfig:
     enable_prefix_caching: bool = _opt(True, "reuse cached prefixes across branches")
     num_kv_pages: int = _opt(1 << 20, "KV pool size in pages")
     num_state_slots: int = _opt(1 << 16, "state snapshot pool size in slots (hybrid models)")
+    eviction: str = _opt("lru", "prefix-cache eviction policy: lru (node-level, a hit refreshes the whole "
+                                "path) | rr-tail[:N] (round-robin tail chunks of N pages over idle paths)")
 
     def validate(self) -> None:
         if self.block_size < 1:

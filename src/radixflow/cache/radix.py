@@ -13,10 +13,10 @@ Invariant (checked by `check_integrity`): a snapshot only sits on a node whose w
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from radixflow.cache.eviction import EvictionPolicy, get_eviction
 from radixflow.cache.pool import IdPool
 
 
@@ -88,9 +88,11 @@ def chain_hashes(namespace: str, tokens, block_size: int, prev: list[int] | None
 class RadixIndex:
     """Radix tree with paged KV and snapshot slots; the scheduler's single entry into cache memory."""
 
-    def __init__(self, block_size: int, pages: IdPool, slots: IdPool) -> None:
+    def __init__(self, block_size: int, pages: IdPool, slots: IdPool,
+                 eviction: str | EvictionPolicy = "lru") -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.eviction = get_eviction(eviction) if isinstance(eviction, str) else eviction
         self.block_size = block_size
         self.pages = pages
         self.slots = slots
@@ -224,29 +226,14 @@ class RadixIndex:
             n.last_access = now
 
     def evict_pages(self, need: int) -> int:
-        """Frees at least `need` pages from unlocked leaves, least recently used first."""
-        freed = 0
-        heap = [(n.last_access, id(n), n) for n in self._leaves if self._evictable(n)]
-        heapq.heapify(heap)
-        while freed < need and heap:
-            _, _, node = heapq.heappop(heap)
-            if node.children or not self._evictable(node):
-                continue
-            parent = node.parent
-            freed += self._remove_leaf(node)
-            if parent is not None and not parent.is_root and not parent.children and self._evictable(parent):
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        """Frees at least `need` pages from unlocked tails, as the eviction policy chooses."""
+        freed = self.eviction.evict_pages(self, need)
         self.evicted_pages += freed
         return freed
 
     def evict_snapshots(self, need: int) -> int:
-        """Drops at least `need` unlocked published snapshots (their KV stays), LRU first."""
-        cands = [(n.snapshot.last_access, id(n), n) for n in self._snap_nodes
-                 if n.snapshot.published and n.snapshot.lock == 0]
-        freed = 0
-        for _, _, node in heapq.nsmallest(need, cands):
-            self._drop_snapshot(node)
-            freed += 1
+        """Drops at least `need` unlocked published snapshots, as the eviction policy chooses."""
+        freed = self.eviction.evict_snapshots(self, need)
         self.evicted_snapshots += freed
         return freed
 

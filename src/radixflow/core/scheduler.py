@@ -62,7 +62,7 @@ class Scheduler:
         self.interval = config.state_interval if hybrid else config.block_size
         self.pages = IdPool(config.num_kv_pages, "KV page")
         self.slots = IdPool(config.num_state_slots if hybrid else 0, "state slot")
-        self.index = RadixIndex(config.block_size, self.pages, self.slots)
+        self.index = RadixIndex(config.block_size, self.pages, self.slots, config.eviction)
         self.held: list[Branch] = []
         self.waiting: list[Branch] = []
         self.running: list[Branch] = []
