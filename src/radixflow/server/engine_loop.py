@@ -1,0 +1,278 @@
+"""The engine thread: the only thread that touches the Engine; HTTP handlers talk to it by queue.
+
+Handlers call `submit` / `abort` / `call`, which put commands in the inbox; the thread applies them
+between rounds, runs `engine.step(now)` on the wall clock (`time.monotonic()`), and sends each
+request's events back to the handler's asyncio loop with `call_soon_threadsafe`. When a step returns
+an empty batch while work is held by admission (flexible admission's 5 ms deadline), the thread
+sleeps until `idle_until()` or the next command, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from radixflow.core.branch import Branch, LogicalRequest
+from radixflow.engine.engine import Engine, EngineConfig
+from radixflow.server.errors import APIError
+from radixflow.server.metrics import ServerMetrics
+
+log = logging.getLogger("radixflow.server")
+
+
+@dataclass
+class Delta:
+    """New tokens of one branch since the last event (streaming requests only)."""
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float | None]
+    top_logprobs: list[list[tuple[int, float]] | None]
+
+
+@dataclass
+class Finished:
+    """The request is done; the engine no longer touches its branches."""
+
+    request: LogicalRequest
+
+
+@dataclass
+class Failed:
+    error: APIError
+
+
+Event = Delta | Finished | Failed
+
+
+@dataclass(eq=False)
+class Submission:
+    request_id: str
+    branches: list[Branch]
+    send: Callable[[Event], None]  # thread-safe: delivers into the handler's event queue
+    stream: bool = False
+    sent: list[int] = field(default_factory=list)  # tokens already sent, per branch
+    started: bool = False
+
+
+class EngineLoop:
+    def __init__(self, config: EngineConfig, metrics: ServerMetrics, max_queue: int = 1024) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.engine: Engine | None = None
+        self.load_error: BaseException | None = None
+        self.ready = threading.Event()
+        self.draining = False
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending = 0  # accepted requests none of whose branches has been selected yet
+        self._in_flight = 0  # accepted requests not finished, failed or aborted
+        self._live: dict[str, Submission] = {}  # engine thread only
+        self._thread = threading.Thread(target=self._main, name="radixflow-engine", daemon=True)
+
+    # ================================================================== handler side
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._thread.is_alive():
+            self._inbox.put(("stop",))
+            self._thread.join(timeout)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def check_available(self) -> Engine:
+        """The engine, or a 503 while loading, after a failed load, or while draining."""
+        if self.load_error is not None:
+            raise APIError(503, f"model failed to load: {self.load_error}", None, "load_failed")
+        if not self.ready.is_set() or self.engine is None:
+            raise APIError(503, "the model is still loading; retry shortly", None, "loading")
+        if self.draining:
+            raise APIError(503, "the server is shutting down and accepts no new requests", None, "draining")
+        return self.engine
+
+    def submit(self, sub: Submission) -> None:
+        """Queues a logical request, or raises 429 when `max_queue` requests are not yet started."""
+        self.check_available()
+        with self._lock:
+            if self._pending >= self.max_queue:
+                raise APIError(429, f"the admission queue is full ({self.max_queue} requests waiting to "
+                                    f"start); retry later", None, "queue_full")
+            self._pending += 1
+            self._in_flight += 1
+        sub.sent = [0] * len(sub.branches)
+        self._inbox.put(("add", sub))
+
+    def abort(self, request_id: str) -> None:
+        """Asks the engine thread to drop the request and free its pages and snapshots."""
+        self._inbox.put(("abort", request_id))
+
+    def call(self, fn: Callable[[Engine], object]) -> concurrent.futures.Future:
+        """Runs fn(engine) on the engine thread between rounds (debug checks, tests)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("call", fn, fut))
+        return fut
+
+    # ================================================================== engine thread
+    def _main(self) -> None:
+        try:
+            self.engine = Engine(self.config)
+        except BaseException as e:  # reported as 503 on every call and by /health
+            log.exception("model failed to load")
+            self.load_error = e
+            return
+        eng = self.engine
+        sc = eng.scheduler
+        self.metrics.set_pools(0, sc.pages.capacity, 0, sc.slots.capacity)
+        self.ready.set()
+        progressed = True
+        while True:
+            if not self._apply_commands(self._wait_time(progressed)):
+                break
+            if not eng.has_unfinished:
+                progressed = True
+                continue
+            try:
+                blocked_before = sc.blocked_total
+                batch, finished = eng.step(time.monotonic())
+            except Exception as e:  # an engine bug: fail what is in flight, keep serving
+                log.exception("engine step failed")
+                self._fail_all(APIError(500, f"engine error: {e}", None, "engine_error"))
+                progressed = True
+                continue
+            progressed = bool(batch)
+            if batch:
+                self._after_round(batch, finished, sc.blocked_total - blocked_before)
+            elif eng.idle_until() is None:
+                self._fail_all(APIError(500, "the engine could not schedule the waiting requests", None,
+                                        "unschedulable"))
+            self._update_gauges()
+        self._fail_all(APIError(503, "the server stopped", None, "stopped"))
+
+    def _wait_time(self, progressed: bool) -> float | None:
+        eng = self.engine
+        if not eng.has_unfinished:
+            return None  # block until a command
+        if progressed:
+            return 0.0
+        deadline = eng.idle_until()
+        return 0.0 if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _apply_commands(self, timeout: float | None) -> bool:
+        """Applies every queued command, waiting up to `timeout` for the first; False on stop."""
+        try:
+            cmd = self._inbox.get(timeout=timeout) if timeout != 0.0 else self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if cmd[0] == "stop":
+                return False
+            self._apply(cmd)
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _apply(self, cmd: tuple) -> None:
+        kind = cmd[0]
+        if kind == "add":
+            sub: Submission = cmd[1]
+            try:
+                self.engine.add(sub.branches)
+            except ValueError as e:
+                self._close(sub, Failed(APIError(400, str(e), "prompt", "invalid_value")))
+                return
+            self._live[sub.request_id] = sub
+        elif kind == "abort":
+            sub = self._live.get(cmd[1])
+            if sub is not None:
+                self.engine.abort(sub.request_id)
+                self.metrics.aborted.inc()
+                self._close(sub, None)
+        elif kind == "call":
+            _, fn, fut = cmd
+            try:
+                fut.set_result(fn(self.engine))
+            except BaseException as e:
+                fut.set_exception(e)
+
+    def _after_round(self, batch, finished: list[LogicalRequest], blocked: int) -> None:
+        rec = self.engine.scheduler.rounds[-1]
+        self.metrics.observe_round(batch.num_rows, batch.num_tokens, rec.host_time, blocked)
+        for rid in {f.branch.request_id for f in batch.fragments}:
+            sub = self._live.get(rid)
+            if sub is None:
+                continue
+            if not sub.started:
+                self._mark_started(sub)
+            if sub.stream:
+                self._send_deltas(sub)
+        for req in finished:
+            sub = self._live.get(req.request_id)
+            if sub is not None:
+                self._observe_finished(req)
+                self._close(sub, Finished(req))
+
+    def _send_deltas(self, sub: Submission) -> None:
+        for i, b in enumerate(sub.branches):
+            n = len(b.output)
+            if n > sub.sent[i]:
+                st = b.user_data
+                lo = sub.sent[i]
+                sub.sent[i] = n
+                self._send(sub, Delta(b.index, list(b.output[lo:n]), list(st.logprobs[lo:n]),
+                                      list(st.top_logprobs[lo:n])))
+
+    def _observe_finished(self, req: LogicalRequest) -> None:
+        m = self.metrics
+        for b in req.branches:
+            ttft = None if b.first_token_at is None else b.first_token_at - b.arrival
+            sel = None if b.first_selected_at is None else b.first_selected_at - b.arrival
+            m.observe_branch(b.prompt_len, b.cached_tokens or 0, len(b.output), ttft, sel)
+        if req.latency is not None:
+            m.latency.observe(req.latency)
+
+    def _mark_started(self, sub: Submission) -> None:
+        sub.started = True
+        with self._lock:
+            self._pending -= 1
+
+    def _close(self, sub: Submission, event: Event | None) -> None:
+        """Ends a request's life in the loop: counters, and its last event (if any)."""
+        self._live.pop(sub.request_id, None)
+        with self._lock:
+            if not sub.started:
+                self._pending -= 1
+                sub.started = True
+            self._in_flight -= 1
+        if event is not None:
+            self._send(sub, event)
+
+    def _send(self, sub: Submission, event: Event) -> None:
+        try:
+            sub.send(event)
+        except RuntimeError:  # the handler's event loop is gone (server shutting down)
+            pass
+
+    def _fail_all(self, error: APIError) -> None:
+        for sub in list(self._live.values()):
+            if self.engine is not None:
+                self.engine.abort(sub.request_id)
+            self._close(sub, Failed(error))
+
+    def _update_gauges(self) -> None:
+        sc = self.engine.scheduler
+        self.metrics.set_queues(self._pending, len(sc.held), len(sc.waiting), len(sc.running))
+        self.metrics.set_pools(sc.pages.num_used, sc.pages.capacity, sc.slots.num_used, sc.slots.capacity)

@@ -1,0 +1,74 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with the HTTP status."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error",
+          500: "server_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    """An error the client sees; raised anywhere in a handler (or sent from the engine thread)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+    def sse(self) -> str:
+        """The error as one server-sent event (after a stream has started, the status is already 200)."""
+        return f"data: {json.dumps(self.body())}\n\n"
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param, "invalid_value")
+
+
+def _from_validation(exc: RequestValidationError) -> APIError:
+    errors = exc.errors()
+    if not errors:
+        return bad_request("invalid request body")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}",
+                        None, "invalid_json")
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if not loc and first.get("type") == "missing":
+        return APIError(400, "request body is required (a JSON object)", None, "invalid_json")
+    # Union types report one error per alternative; the field path up to the union is what matters.
+    param = ".".join(x for x in loc if not (x.startswith(("list[", "str", "int", "function-")) or "[" in x))
+    if param == "prompt" and first.get("type") != "missing":
+        return bad_request("prompt must be a string, a list of strings, a list of token ids or a list of "
+                           "token-id lists", "prompt")
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return bad_request(f"{param or 'body'}: {first.get('msg', 'invalid value')}{more}", param or None)
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _from_validation(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        return APIError(exc.status_code, str(exc.detail), None, code).response()

@@ -1,0 +1,53 @@
+"""Running the app under uvicorn with a draining shutdown.
+
+The first SIGTERM (or Ctrl+C) puts the server in draining mode: new requests get 503, in-flight ones
+run to the end (at most `drain_timeout` seconds), then uvicorn shuts down and the process exits 0.
+A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import uvicorn
+
+from radixflow.server.app import ServerConfig, ServerState, create_app
+
+log = logging.getLogger("radixflow.server")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.drain_timeout = drain_timeout
+        self.drain_deadline: float | None = None
+
+    def handle_exit(self, sig, frame) -> None:  # replaces uvicorn's: drain first, never re-raise
+        if self.drain_deadline is not None:
+            self.should_exit = True
+            self.force_exit = True
+            return
+        log.info("signal %s: draining %d in-flight requests", sig, self.state.loop.in_flight)
+        self.state.loop.draining = True
+        self.drain_deadline = time.monotonic() + self.drain_timeout
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_deadline is not None and not self.should_exit:
+            if self.state.loop.in_flight == 0 or time.monotonic() > self.drain_deadline:
+                self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def build_server(config: ServerConfig, log_level: str = "info") -> DrainingServer:
+    app = create_app(config)
+    uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level, lifespan="on",
+                        timeout_graceful_shutdown=config.drain_timeout)
+    return DrainingServer(uv, app.state.server, config.drain_timeout)
+
+
+def serve(config: ServerConfig, log_level: str = "info") -> int:
+    server = build_server(config, log_level)
+    server.run()
+    return 0
