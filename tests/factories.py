@@ -6,7 +6,7 @@ import random
 
 from radixflow.config import SchedulerConfig
 from radixflow.core.branch import Branch
-from radixflow.workloads.trace import tokens_of, Segment
+from radixflow.workloads.trace import Segment, tokens_of
 
 
 def make_branches(n_groups: int, doc_len: int, branches_per_group: int = 4, tail: int = 20,

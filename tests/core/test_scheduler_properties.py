@@ -2,10 +2,10 @@
 
 import copy
 
-from factories import small_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from factories import small_config
 from radixflow.core.batch import Batch, ExecResult, Outcome, Sample
 from radixflow.core.branch import Branch
 from radixflow.core.policies import ARMS, get_arm

@@ -37,6 +37,8 @@ def add_workload_flags(p: argparse.ArgumentParser, default_rate: float | None = 
     p.add_argument("--dataset-path", default=None, help="directory with QuALITY / RACE files to use instead of "
                                                         "the synthetic shapes")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json for --dataset-path token counts")
+    p.add_argument("--article-scale", type=float, default=1.0,
+                   help="multiply synthetic article lengths (the CPU engine uses short documents)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
 
@@ -61,8 +63,8 @@ PAPER_BUDGETS = {  # SPEC §11: (S, T), calibrated once by the paper for the nat
 PAPER_RATES = {"nemotron-nano-9b-v2": 1.5}
 
 
-def scheduler_config(args, model_name: str) -> SchedulerConfig:
-    s, t = PAPER_BUDGETS.get(model_name, (16, 8192))
+def scheduler_config(args, model_name: str, default_budget: tuple[int, int] = (16, 8192)) -> SchedulerConfig:
+    s, t = PAPER_BUDGETS.get(model_name, default_budget)
     if args.workload == "figure1":
         s, t = FIGURE1_BUDGETS["max_num_seqs"], FIGURE1_BUDGETS["max_num_batched_tokens"]
     cfg = SchedulerConfig(max_num_seqs=args.max_num_seqs or s, max_num_batched_tokens=args.max_num_batched_tokens or t,
@@ -90,7 +92,7 @@ def build_workloads(args, model_name: str, vocab: int = 32000) -> list[tuple[str
         if args.questions:
             questions = questions[: args.questions]
     else:
-        questions = paper_questions(args.seed, args.questions)
+        questions = paper_questions(args.seed, args.questions, args.article_scale)
     streams = STREAMS if args.stream == "all" else (args.stream,)
     orders = ORDERS if args.order == "both" else (args.order,)
     out = []

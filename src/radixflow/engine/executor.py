@@ -8,7 +8,7 @@ import torch
 
 from radixflow.core.batch import Batch, ExecResult, Sample
 from radixflow.engine.models.cache import ModelCache, RowInput
-from radixflow.engine.sampling import SamplingParams, Sampler, make_generator
+from radixflow.engine.sampling import Sampler, SamplingParams, make_generator
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 

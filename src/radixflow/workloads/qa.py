@@ -37,9 +37,11 @@ QUALITY = DatasetShape("quality", 1034, 62, (2000, 8000), (12, 40), (4, 40))
 RACE_M = DatasetShape("race-m", 517, 128, (250, 350), (8, 20), (2, 12))
 
 
-def synth_questions(shape: DatasetShape, rng: random.Random, n: int | None = None) -> list[Question]:
+def synth_questions(shape: DatasetShape, rng: random.Random, n: int | None = None,
+                    article_scale: float = 1.0) -> list[Question]:
     """Articles with lengths in the shape's range; questions spread over them (grouped by article)."""
-    arts = [(f"{shape.name}:a{i}", rng.randint(*shape.article_len)) for i in range(shape.articles)]
+    lo, hi = (max(1, round(x * article_scale)) for x in shape.article_len)
+    arts = [(f"{shape.name}:a{i}", rng.randint(lo, hi)) for i in range(shape.articles)]
     counts = [shape.questions // shape.articles] * shape.articles
     for i in range(shape.questions - sum(counts)):
         counts[i] += 1
@@ -53,8 +55,12 @@ def synth_questions(shape: DatasetShape, rng: random.Random, n: int | None = Non
     return out
 
 
-def paper_questions(seed: int = 0, questions: int | None = None) -> list[Question]:
-    """QuALITY (1,034) + RACE-M (517) questions; `questions` keeps that mix in proportion."""
+def paper_questions(seed: int = 0, questions: int | None = None, article_scale: float = 1.0) -> list[Question]:
+    """QuALITY (1,034) + RACE-M (517) questions; `questions` keeps that mix in proportion.
+
+    `article_scale` shrinks article lengths (the real engine on a CPU runs scaled-down documents)."""
+    if article_scale <= 0:
+        raise ValueError(f"--article-scale must be > 0, got {article_scale}")
     rng = random.Random(seed)
     nq = nr = None
     if questions is not None:
@@ -62,7 +68,7 @@ def paper_questions(seed: int = 0, questions: int | None = None) -> list[Questio
             raise ValueError("--questions must be >= 1")
         nq = round(questions * QUALITY.questions / (QUALITY.questions + RACE_M.questions))
         nr = questions - nq
-    return synth_questions(QUALITY, rng, nq) + synth_questions(RACE_M, rng, nr)
+    return synth_questions(QUALITY, rng, nq, article_scale) + synth_questions(RACE_M, rng, nr, article_scale)
 
 
 def stream_records(questions: list[Question], stream: str, order: str, rate: float, seed: int,
