@@ -1,0 +1,1 @@
+"""Adapters that run radixflow's scheduling rules inside other serving engines."""

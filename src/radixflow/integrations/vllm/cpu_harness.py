@@ -1,0 +1,216 @@
+"""Drives vLLM 0.33's real scheduler on a CPU-only machine, with no model and no tokenizer.
+
+Tests and `benchmarks/vllm_replay.py` use it to compare vLLM's native scheduler with the plugin on the
+same requests. The scheduler is built the way vLLM's own `tests/v1/core` build theirs: a `VllmConfig`
+around a tiny local `config.json` (no hub access, `skip_tokenizer_init`) and a hand-written
+`KVCacheConfig` (full attention, plus a Mamba group in align mode for a hybrid model). A stand-in for the
+model runner advances every request whose prefill is complete by one sampled token.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# vLLM reads these when it is first imported: no CUDA platform probing, no hub look-ups.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from radixflow.integrations.vllm.compat import require_supported_vllm  # noqa: E402
+
+require_supported_vllm()
+
+import torch  # noqa: E402
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+)
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from radixflow.integrations.vllm.scheduler import (  # noqa: E402
+    StateReadyAsyncScheduler,
+    StateReadyScheduler,
+)
+
+SAMPLED_TOKEN = 1  # what the stand-in model "generates"; any id below the tiny vocabulary works
+_TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 32000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 65536,
+    "torch_dtype": "float32",
+}
+
+
+@dataclass(frozen=True)
+class SchedulerSetup:
+    """The budgets and cache shape of one scheduler (vLLM flag names)."""
+
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    num_gpu_blocks: int = 4096
+    max_model_len: int = 16384
+    hybrid: bool = True  # full attention + Mamba (align); False: full attention only
+    plugin: bool = False
+    async_scheduling: bool = False
+
+
+@functools.cache
+def _tiny_model_dir() -> str:
+    path = tempfile.mkdtemp(prefix="radixflow-vllm-model-")
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(_TINY_CONFIG, f)
+    return path
+
+
+@functools.cache
+def _model_config(max_model_len: int) -> ModelConfig:
+    # Building a ModelConfig inspects the architecture (seconds); one per length is enough.
+    path = _tiny_model_dir()
+    return ModelConfig(
+        model=path, tokenizer=path, skip_tokenizer_init=True, seed=0, max_model_len=max_model_len
+    )
+
+
+def _kv_cache_config(setup: SchedulerSetup) -> KVCacheConfig:
+    attention = FullAttentionSpec(
+        block_size=setup.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+    groups = [KVCacheGroupSpec(["attn"], attention)]
+    if setup.hybrid:
+        state = MambaSpec(
+            block_size=setup.block_size,
+            shapes=((1, 1),),
+            dtypes=(torch.float32,),
+            mamba_cache_mode="align",
+        )
+        groups.append(KVCacheGroupSpec(["mamba"], state))
+    return KVCacheConfig(num_blocks=setup.num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def build_scheduler(setup: SchedulerSetup) -> Scheduler:
+    """A fresh vLLM scheduler (native or plugin, sync or async) with its own empty block pool."""
+    vllm_config = VllmConfig(
+        model_config=_model_config(setup.max_model_len),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=setup.max_num_seqs,
+            max_num_batched_tokens=setup.max_num_batched_tokens,
+            max_model_len=setup.max_model_len,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+            watermark=0.0,
+        ),
+        cache_config=CacheConfig(
+            block_size=setup.block_size,
+            enable_prefix_caching=True,
+            mamba_cache_mode="align" if setup.hybrid else "none",
+        ),
+    )
+    vllm_config.cache_config.num_gpu_blocks = setup.num_gpu_blocks
+    register_all_kvcache_specs(vllm_config)
+    if setup.plugin:
+        cls = StateReadyAsyncScheduler if setup.async_scheduling else StateReadyScheduler
+    else:
+        cls = AsyncScheduler if setup.async_scheduling else Scheduler
+    return cls(
+        vllm_config=vllm_config,
+        kv_cache_config=_kv_cache_config(setup),
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=setup.block_size,
+        hash_block_size=setup.block_size,
+        log_stats=False,
+    )
+
+
+@functools.cache
+def _block_hasher(block_size: int):
+    init_none_hash(sha256)
+    return get_request_block_hasher(block_size, sha256)
+
+
+def make_request(
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    block_size: int,
+    max_tokens: int = 1,
+    arrival: float = 0.0,
+) -> Request:
+    """A vLLM request with the block hasher a scheduler of `block_size` expects."""
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=list(prompt_token_ids),
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        pooling_params=None,
+        arrival_time=arrival,
+        block_hasher=_block_hasher(block_size),
+    )
+
+
+def stand_in_model_output(scheduler: Scheduler, output: SchedulerOutput) -> ModelRunnerOutput:
+    """What a model runner would return: one token for each request past its prefill, none otherwise."""
+    req_ids = list(output.num_scheduled_tokens)
+    sampled = [[] if scheduler.requests[r].is_prefill_chunk else [SAMPLED_TOKEN] for r in req_ids]
+    return ModelRunnerOutput(
+        req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)}, sampled_token_ids=sampled
+    )
+
+
+@dataclass
+class StepRecord:
+    """One `schedule()` call: tokens per scheduled request and the prefix hit of newly admitted ones."""
+
+    num_scheduled_tokens: dict[str, int]
+    new_hits: dict[str, int] = field(default_factory=dict)
+    deferred: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return len(self.num_scheduled_tokens)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+
+def run_step(scheduler: Scheduler) -> StepRecord:
+    """Schedule once, run the stand-in model, feed its output back; return what was scheduled."""
+    output = scheduler.schedule()
+    record = StepRecord(
+        num_scheduled_tokens=dict(output.num_scheduled_tokens),
+        new_hits={r.req_id: r.num_computed_tokens for r in output.scheduled_new_reqs},
+        deferred=list(getattr(scheduler, "blocked_last_step", [])),
+    )
+    scheduler.update_from_output(output, stand_in_model_output(scheduler, output))
+    return record
+
+
+def count_free_blocks(scheduler: Scheduler) -> int:
+    return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+def usable_blocks(scheduler: Scheduler) -> int:
+    """Blocks a request can ever hold: the pool minus vLLM's reserved null block."""
+    return scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1
+

@@ -1,0 +1,99 @@
+"""Classifies a waiting request's failed admission in vLLM 0.33 as Blocked or Other (SPEC §3).
+
+vLLM reports both the same way: `KVCacheManager.allocate_slots` returns None. The same-step case comes
+from `MambaManager.get_num_blocks_to_allocate`, which answers "more blocks than the pool has" when the
+last matched Mamba block was registered (`cached_blocks_this_step`) by a request scheduled earlier in
+the same step: its state is only written when that step executes. These helpers read that same
+condition, and check that nothing else (the attention pages, the watermark) would refuse the request,
+so that only a pure same-step dependency is called Blocked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vllm.utils.math_utils import cdiv
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+from vllm.v1.request import Request, RequestStatus
+
+
+def blocking_state_groups(
+    manager: KVCacheManager, hit_blocks: Sequence[Sequence], num_hit_tokens: int
+) -> tuple[int, ...]:
+    """KV-cache groups whose matched state is still being produced in this step (empty: not Blocked).
+
+    `hit_blocks` is the per-group block lists of the request's prefix lookup, as vLLM passes them to
+    `allocate_slots`; `num_hit_tokens` is the lookup's hit length.
+    """
+    blocked = []
+    for group_id, group_manager in enumerate(manager.coordinator.single_type_managers):
+        if not isinstance(group_manager, MambaManager):
+            continue
+        blocks = _blocks_offered(manager, group_id, hit_blocks[group_id], num_hit_tokens)
+        if blocks and blocks[-1].block_hash in group_manager.cached_blocks_this_step:
+            blocked.append(group_id)
+    return tuple(blocked)
+
+
+def pages_fit_without_state(
+    manager: KVCacheManager,
+    request: Request,
+    hit_blocks: Sequence[Sequence],
+    num_hit_tokens: int,
+    num_new_tokens: int,
+    *,
+    num_lookahead_tokens: int,
+    max_model_len: int,
+    has_scheduled_reqs: bool,
+    full_sequence_must_fit: bool,
+) -> bool:
+    """Whether every non-state group could take the request now, counted as `allocate_slots` counts.
+
+    Mamba groups are left out: their answer is the same-step sentinel, and asking them for the real
+    count records a prefill checkpoint for the request as a side effect. They need a few blocks per
+    request (the state slot, a checkpoint), far below the attention pages, so leaving them out can at
+    most call a request Blocked that a nearly full pool would also have refused.
+    """
+    computed = request.num_computed_tokens + num_hit_tokens
+    main_model_tokens = computed + num_new_tokens
+    slot_tokens = min(main_model_tokens + num_lookahead_tokens, max_model_len)
+    prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+    watermark = 0
+    if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+        watermark = manager.watermark_blocks
+    free = manager.block_pool.get_num_free_blocks()
+
+    def needed(num_tokens: int, main_tokens: int, admission_cap: bool) -> int:
+        total = 0
+        for group_id, group_manager in enumerate(manager.coordinator.single_type_managers):
+            if isinstance(group_manager, MambaManager):
+                continue
+            blocks = _blocks_offered(manager, group_id, hit_blocks[group_id], num_hit_tokens)
+            total += group_manager.get_num_blocks_to_allocate(
+                request.request_id,
+                num_tokens,
+                blocks,
+                computed,
+                computed,
+                main_tokens,
+                apply_admission_cap=admission_cap,
+                prefill_end=prefill_end,
+            )
+        return total
+
+    if full_sequence_must_fit:
+        full_tokens = min(request.num_tokens, max_model_len)
+        if needed(full_tokens, full_tokens, True) + watermark > free:
+            return False
+    return needed(slot_tokens, main_model_tokens, False) + watermark <= free
+
+
+def _blocks_offered(
+    manager: KVCacheManager, group_id: int, blocks: Sequence, num_hit_tokens: int
+) -> Sequence:
+    # allocate_slots keeps only the blocks that cover the hit for groups that retain longer hits.
+    if group_id in manager.retained_hit_group_ids:
+        block_size = manager.coordinator.single_type_managers[group_id].block_size
+        return blocks[: cdiv(num_hit_tokens, block_size)]
+    return blocks

@@ -1,0 +1,137 @@
+"""The vLLM plugin against vLLM 0.33's own scheduler, on CPU (SPEC §3, §5).
+
+Needs vLLM installed by scripts/install_vllm.sh; skipped otherwise, failed under RADIXFLOW_REQUIRE_VLLM=1.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from vllm_factories import (
+    add_all,
+    load_harness,
+    native_view,
+    producer_consumer_unrelated,
+    random_groups,
+    run_to_completion,
+)
+
+harness = load_harness()
+from vllm.v1.request import RequestStatus  # noqa: E402
+
+BS = 16
+
+
+def setup(**overrides):
+    return harness.SchedulerSetup(block_size=BS, **overrides)
+
+
+def first_step(plugin: bool, hybrid: bool = True, async_scheduling: bool = False):
+    config = setup(plugin=plugin, hybrid=hybrid, async_scheduling=async_scheduling)
+    scheduler = harness.build_scheduler(config)
+    add_all(harness, scheduler, producer_consumer_unrelated(BS), BS)
+    return scheduler, harness.run_step(scheduler)
+
+
+def test_native_vllm_stops_at_the_blocked_consumer():
+    _, step1 = first_step(plugin=False)
+    assert set(step1.num_scheduled_tokens) == {"r0"}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_plugin_defers_the_consumer_and_fills_the_row(async_scheduling):
+    scheduler, step1 = first_step(plugin=True, async_scheduling=async_scheduling)
+    assert set(step1.num_scheduled_tokens) == {"r0", "r2"}
+    assert step1.deferred == ["r1"]
+    step2 = harness.run_step(scheduler)
+    assert "r1" in step2.num_scheduled_tokens
+    assert step2.new_hits["r1"] == 4 * BS  # the producer's state, published by step 1
+    run_to_completion(harness, scheduler)
+    assert harness.count_free_blocks(scheduler) == harness.usable_blocks(scheduler)
+
+
+def test_native_vllm_gives_the_consumer_the_same_hit_one_step_later():
+    scheduler, _ = first_step(plugin=False)
+    step2 = harness.run_step(scheduler)
+    assert step2.new_hits["r1"] == 4 * BS
+
+
+def test_full_attention_schedules_identically_with_and_without_the_plugin():
+    rng = random.Random(7)
+    for specs in [producer_consumer_unrelated(BS)] + [random_groups(rng, BS) for _ in range(5)]:
+        runs = []
+        for plugin in (False, True):
+            scheduler = harness.build_scheduler(setup(plugin=plugin, hybrid=False, max_num_seqs=4,
+                                                      max_num_batched_tokens=256))
+            assert not getattr(scheduler, "state_ready", False)
+            add_all(harness, scheduler, specs, BS)
+            runs.append([r.num_scheduled_tokens for r in run_to_completion(harness, scheduler)])
+        assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_from_the_same_state_the_plugin_batch_contains_the_native_batch(seed):
+    rng = random.Random(seed)
+    # A small pool keeps the per-step deep copy cheap (its free list is copied block by block).
+    scheduler = harness.build_scheduler(setup(plugin=True, num_gpu_blocks=400, max_num_seqs=rng.choice([2, 4, 8]),
+                                              max_num_batched_tokens=rng.choice([64, 128, 512, 2048])))
+    add_all(harness, scheduler, random_groups(rng, BS), BS)
+    for _ in range(300):
+        if not scheduler.has_requests():
+            break
+        native = native_view(scheduler).schedule().num_scheduled_tokens
+        step = harness.run_step(scheduler)
+        assert set(native) <= set(step.num_scheduled_tokens)
+        # Requests native scheduled get the same tokens: the rule only adds rows behind them.
+        assert {r: step.num_scheduled_tokens[r] for r in native} == native
+        assert step.rows <= scheduler.max_num_running_reqs
+        assert step.tokens <= scheduler.max_num_scheduled_tokens
+    assert not scheduler.has_requests()
+    assert harness.count_free_blocks(scheduler) == harness.usable_blocks(scheduler)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_prefix_hits_are_the_same_and_steps_no_more(seed):
+    rng = random.Random(100 + seed)
+    specs = random_groups(rng, BS)
+    # A budget no single prompt can overrun: chunks are cut only by Mamba alignment, never by what is
+    # left of the budget, so both arms publish states at the same boundaries.
+    budget = dict(max_num_seqs=rng.choice([2, 4, 8]), max_num_batched_tokens=8192)
+    totals, steps = [], []
+    for plugin in (False, True):
+        scheduler = harness.build_scheduler(setup(plugin=plugin, **budget))
+        add_all(harness, scheduler, specs, BS)
+        records = run_to_completion(harness, scheduler)
+        totals.append(sum(sum(r.new_hits.values()) for r in records))
+        steps.append(len(records))
+    assert totals[0] == totals[1]
+    assert steps[1] <= steps[0]
+
+
+def test_finish_abort_and_preemption_leave_no_blocks_behind():
+    # A pool too small for every decode to grow forces vLLM to preempt running requests.
+    scheduler = harness.build_scheduler(setup(plugin=True, num_gpu_blocks=24, max_num_seqs=8))
+    doc = tuple(range(2, 2 + 3 * BS))
+    specs = [(f"q{i}", doc + (1000 + i,) * (i + 1)) for i in range(6)]
+    specs += [(f"u{i}", tuple(range(5000 + 100 * i, 5000 + 100 * i + 2 * BS + 3))) for i in range(2)]
+    requests = {}
+    for rid, tokens in specs:
+        requests[rid] = harness.make_request(rid, tokens, BS, max_tokens=4 * BS)
+        scheduler.add_request(requests[rid])
+    step1 = harness.run_step(scheduler)
+    assert step1.deferred, "the consumers of q0's document should be deferred in step 1"
+    deferred_victim = step1.deferred[0]
+    running_victim = next(r for r in step1.num_scheduled_tokens if r != "q0")
+    scheduler.finish_requests([deferred_victim, running_victim], RequestStatus.FINISHED_ABORTED)
+    run_to_completion(harness, scheduler)
+
+    assert not scheduler.has_requests()
+    assert harness.count_free_blocks(scheduler) == harness.usable_blocks(scheduler)
+    assert sum(r.num_preemptions for r in requests.values()) > 0
+    for rid, request in requests.items():
+        if rid in (deferred_victim, running_victim):
+            assert request.status == RequestStatus.FINISHED_ABORTED
+        else:
+            assert request.status == RequestStatus.FINISHED_LENGTH_CAPPED
+            assert request.num_output_tokens == 4 * BS
