@@ -24,7 +24,7 @@ def test_text_completion_greedy_is_deterministic(hybrid_server):
     b = client.completions.create(**kw)
     assert a.choices[0].text == b.choices[0].text
     assert a.choices[0].finish_reason == "length"
-    assert a.usage.prompt_tokens == len("The quick brown fox".encode())
+    assert a.usage.prompt_tokens == len(b"The quick brown fox")
     assert a.usage.completion_tokens == 6
     assert a.usage.prompt_tokens_details.cached_tokens == 0
     # Hybrid: the 16-token page is in the index, but no state snapshot exists below --state-interval

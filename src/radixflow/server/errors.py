@@ -13,6 +13,9 @@ _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate
           500: "server_error", 503: "service_unavailable"}
 
 
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
 class APIError(Exception):
     """An error the client sees; raised anywhere in a handler (or sent from the engine thread)."""
 
@@ -51,7 +54,7 @@ def _from_validation(exc: RequestValidationError) -> APIError:
     if not loc and first.get("type") == "missing":
         return APIError(400, "request body is required (a JSON object)", None, "invalid_json")
     # Union types report one error per alternative; the field path up to the union is what matters.
-    param = ".".join(x for x in loc if not (x.startswith(("list[", "str", "int", "function-")) or "[" in x))
+    param = ".".join(x for x in loc if not ("[" in x or x in _UNION_TAGS or x.startswith("function-")))
     if param == "prompt" and first.get("type") != "missing":
         return bad_request("prompt must be a string, a list of strings, a list of token ids or a list of "
                            "token-id lists", "prompt")

@@ -42,7 +42,11 @@ class TrackedRequest:
             if self._watch is None:
                 self._watch = asyncio.ensure_future(_wait_disconnect(self._request))
             waits.add(self._watch)
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled (Starlette saw the disconnect): leave no task behind
+            get.cancel()
+            raise
         if not get.done():
             get.cancel()
             raise ClientGone()

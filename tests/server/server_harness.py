@@ -1,0 +1,98 @@
+"""Servers for the HTTP tests: uvicorn in a thread on a free loopback port, driven over real HTTP.
+
+`start_server(...)` returns a `LiveServer` with its base URL, an `openai` client factory and an
+in-process handle on the engine loop (`cache()` runs the integrity checks on the engine thread).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+import openai
+
+from radixflow.config import SchedulerConfig
+from radixflow.engine.engine import EngineConfig
+from radixflow.server.app import ServerConfig, cache_report
+from radixflow.server.runner import DrainingServer, build_server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    url: str
+    server: DrainingServer
+    thread: threading.Thread
+    model: str
+
+    @property
+    def state(self):
+        return self.server.state
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, **kw)
+
+    def async_client(self, **kw) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, **kw)
+
+    def post(self, path: str, **kw) -> httpx.Response:
+        return httpx.post(self.url + path, timeout=60, **kw)
+
+    def cache(self) -> dict:
+        """Pool integrity and what branches hold, computed on the engine thread between rounds."""
+        return self.state.loop.call(cache_report).result(timeout=60)
+
+    def wait_idle(self, timeout: float = 30.0) -> dict:
+        """Waits until no request is in flight (aborts are applied), then returns cache()."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.state.loop.in_flight == 0:
+                report = self.cache()
+                if report["in_flight_requests"] == 0:
+                    return report
+            time.sleep(0.02)
+        raise AssertionError(f"server still busy after {timeout} s: {self.cache()}")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def start_server(model: str = "tiny-qwen3.5", *, block_size: int = 16, state_interval: int = 64,
+                 max_num_seqs: int = 16, max_num_batched_tokens: int = 1024, max_model_len: int = 2048,
+                 kv_cache_memory: int = 64 << 20, max_queue: int = 1024, policy: str = "radixflow",
+                 wait: bool = True) -> LiveServer:
+    sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                            block_size=block_size, state_interval=state_interval)
+    engine = EngineConfig(model=model, policy=policy, scheduler=sched, kv_cache_memory=kv_cache_memory,
+                          max_model_len=max_model_len)
+    port = free_port()
+    config = ServerConfig(engine=engine, port=port, max_queue=max_queue, debug_endpoints=True,
+                          default_max_tokens=16, drain_timeout=10)
+    server = build_server(config, log_level="warning")
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    live = LiveServer(f"http://127.0.0.1:{port}", server, thread, model)
+    end = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > end:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    if wait:
+        assert server.state.loop.ready.wait(120), "model did not load"
+    return live
+
+
+def error_of(resp: httpx.Response) -> dict:
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
