@@ -1,7 +1,7 @@
 import json
 
 from radixflow.core.policies import ARMS
-from radixflow.report import paper
+from radixflow.report import experiment, paper
 from radixflow.report.cells import MANIFEST, Cell
 from radixflow.report.experiment import Grid, preset, run_experiment
 
@@ -40,23 +40,22 @@ def test_cell_json_has_the_simulate_schema_and_distributions(quick_dir):
     assert sum(arm["rows_hist"]) == arm["rounds"]
     assert sum(r * c for r, c in enumerate(arm["rows_hist"])) == arm["fragments"]
     assert len(arm["latencies"]) == arm["requests"]
-    nemo = json.loads(
-        Cell("qa", "nemotron-nano-9b-v2", "radix", "cold", "forward").path(quick_dir).read_text()
-    )
+    nemo = json.loads(Cell("qa", "nemotron-nano-9b-v2", "radix", "cold", "forward").path(quick_dir).read_text())
     assert nemo["meta"]["rate"] == 1.5
 
 
-def test_finished_cells_are_not_rerun_but_changed_settings_are(tmp_path):
-    grid = Grid(
-        models=("qwen3.5-0.8b",), arms=("radix",), streams=("cold",), orders=("forward",), questions=4
-    )
+def test_finished_cells_are_not_rerun_but_changed_settings_are(tmp_path, monkeypatch):
+    grid = Grid(models=("qwen3.5-0.8b",), arms=("radix",), streams=("cold",), orders=("forward",), questions=4)
+    n = len(grid.cells())  # the qa cell, two figure1 cells and the multi-turn ones if trace exists
     first = run_experiment(grid, tmp_path, jobs=1)
-    assert len(first.ran) == 3 and not first.skipped  # the qa cell and two figure1 cells
+    assert len(first.ran) == n and not first.skipped
     again = run_experiment(grid, tmp_path, jobs=1)
-    assert not again.ran and len(again.skipped) == 3
+    assert not again.ran and len(again.skipped) == n
     grid.questions = 5
     changed = run_experiment(grid, tmp_path, jobs=1)
     assert [n for n, _ in changed.ran] == ["qa__qwen3.5-0.8b__radix__cold__forward"]
+    monkeypatch.setattr(experiment, "code_version", lambda: "other scheduler")
+    assert len(run_experiment(grid, tmp_path, jobs=1).ran) == n  # new simulator code: every cell again
 
 
 def test_a_failing_cell_is_named_and_the_rest_run(tmp_path):
@@ -70,7 +69,7 @@ def test_a_failing_cell_is_named_and_the_rest_run(tmp_path):
     )  # T below one block: the config is rejected
     rep = run_experiment(grid, tmp_path, jobs=1)
     assert [n for n, _ in rep.failed] == ["qa__qwen3.5-0.8b__radix__cold__forward"]
-    assert len(rep.ran) == 2
+    assert len(rep.ran) == len(grid.cells()) - 1
 
 
 def test_calibration_picks_budgets_from_the_search_and_freezes_them(tmp_path, monkeypatch):
@@ -96,9 +95,7 @@ def test_calibration_picks_budgets_from_the_search_and_freezes_them(tmp_path, mo
         chosen["max_num_batched_tokens"],
     )
     for arm in ("radix", "radixflow"):
-        cell = json.loads(
-            Cell("qa", "nemotron-nano-9b-v2", arm, "cold", "forward").path(tmp_path).read_text()
-        )
+        cell = json.loads(Cell("qa", "nemotron-nano-9b-v2", arm, "cold", "forward").path(tmp_path).read_text())
         assert (cell["meta"]["max_num_seqs"], cell["meta"]["max_num_batched_tokens"]) == (
             cal["max_num_seqs"],
             cal["max_num_batched_tokens"],

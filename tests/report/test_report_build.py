@@ -3,7 +3,7 @@
 import json
 
 from radixflow.cli import main
-from radixflow.report.build import build_report
+from radixflow.report.build import build_report, model_key
 
 
 def test_cli_writes_every_table_and_figure(quick_dir, tmp_path, capsys):
@@ -64,3 +64,8 @@ def test_bench_results_get_the_same_tables(quick_dir, tmp_path):
 def test_missing_results_directory_is_a_user_error(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "run `radixflow experiment` first" in capsys.readouterr().err
+
+
+def test_bench_model_names_map_to_presets():
+    assert model_key("/ckpt/nvidia/NVIDIA-Nemotron-Nano-9B-v2/") == "nemotron-nano-9b-v2"
+    assert model_key("Qwen3-8B") == "qwen3-8b" and model_key("tiny-hybrid") == "tiny-hybrid"

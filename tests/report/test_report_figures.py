@@ -25,10 +25,7 @@ def test_figure3_bars_sum_to_the_host_time_change_in_the_json(quick_dir, report)
     fig = report.figures["figure3"]
     assert set(fig) == set(paper.MODELS)
     for m, d in fig.items():
-        cells = [
-            json.loads(p.read_text())["arms"][0]
-            for p in (quick_dir / "cells").glob(f"qa__{m}__radix*__*.json")
-        ]
+        cells = [json.loads(p.read_text())["arms"][0] for p in (quick_dir / "cells").glob(f"qa__{m}__radix*__*.json")]
         host = {a: sum(c["host_time"] for c in cells if c["policy"] == a) for a in ("radix", "radixflow")}
         assert sum(d["stack"]) == pytest.approx(host["radix"] - host["radixflow"], abs=1e-9)
         assert d["delta_host"] == pytest.approx(host["radix"] - host["radixflow"], abs=1e-9)
@@ -95,12 +92,9 @@ def test_timeline_draws_the_trace_json(tmp_path):
         for n, h in zip(paper.MULTI_TURN["request_len"], paper.MULTI_TURN["hit"])
     ]
     hybrid = [
-        dict(t, ready_hit=t["hit"] // 512 * 512, recomputed=t["request_len"] - t["hit"] // 512 * 512)
-        for t in turns
+        dict(t, ready_hit=t["hit"] // 512 * 512, recomputed=t["request_len"] - t["hit"] // 512 * 512) for t in turns
     ]
-    data = diagrams.timeline(
-        {"qwen3-8b": {"turns": turns}, "qwen3.5-0.8b": {"turns": hybrid}}, tmp_path / "t.png"
-    )
+    data = diagrams.timeline({"qwen3-8b": {"turns": turns}, "qwen3.5-0.8b": {"turns": hybrid}}, tmp_path / "t.png")
     assert data["qwen3-8b"]["recomputed"] == [280, 80, 80, 80, 80]
     assert data["qwen3.5-0.8b"]["ready_hit"] == [0, 0, 512, 512, 1024]
     assert data["qwen3-8b"]["turn"] == [1, 2, 3, 4, 5]
@@ -110,3 +104,13 @@ def test_timeline_draws_the_trace_json(tmp_path):
 def test_timeline_without_trace_results_draws_the_reference_only(tmp_path):
     data = diagrams.timeline({}, tmp_path / "t.png")
     assert data == {"reference only": {"turn": []}}
+
+
+def test_multiturn_cells_come_from_the_trace_command_and_are_drawn(quick_dir, report):
+    pytest.importorskip("radixflow.commands.trace")
+    for model in ("qwen3-8b", "qwen3.5-0.8b"):
+        cell = json.loads((quick_dir / "cells" / f"multiturn__{model}.json").read_text())
+        drawn = report.figures["multiturn"][model]
+        assert drawn["request_len"] == [t["request_len"] for t in cell["turns"]]
+        assert drawn["recomputed"] == [t["recomputed"] for t in cell["turns"]]
+    assert report.figures["multiturn"]["qwen3-8b"]["hit"] == paper.MULTI_TURN["hit"]

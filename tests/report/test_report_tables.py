@@ -49,10 +49,7 @@ def test_table1_puts_the_paper_numbers_beside_ours_with_the_ratio():
     h = t.headers
     assert row["radix"][h.index("latency s")] == "328.000" and row["radix"][h.index("paper")] == "164.000"
     assert row["radix"][h.index("ratio")] == "2.00"
-    assert (
-        row["radixflow"][h.index("rounds K")] == "6,529"
-        and row["radixflow"][h.index("rounds K") + 2] == "1.00"
-    )
+    assert row["radixflow"][h.index("rounds K")] == "6,529" and row["radixflow"][h.index("rounds K") + 2] == "1.00"
     assert row["radix"][h.index("paper S, T")] == "64, 8192"
 
 

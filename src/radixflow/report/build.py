@@ -77,9 +77,7 @@ def _figure(rep: Report, name: str, title: str, text: list[str], draw) -> None:
 def _experiment_sections(rep: Report, res: Results) -> None:
     merged = merge_by(_qa_records(res, lambda c: (c.model, c.arm)))
     if not merged:
-        rep.sections.append(
-            Section("Tables 1 and 2", text=["No multi-candidate QA cells in this directory."])
-        )
+        rep.sections.append(Section("Tables 1 and 2", text=["No multi-candidate QA cells in this directory."]))
     else:
         rep.tables["table1"], rep.tables["table2"] = table1(merged), table2(merged)
         rep.sections.append(
@@ -160,11 +158,19 @@ def _experiment_sections(rep: Report, res: Results) -> None:
     )
 
 
+def model_key(name: str) -> str:
+    """Our preset name for a bench `meta.model` (a preset, an HF name or a checkpoint path), if any."""
+    base = str(name).rstrip("/").rsplit("/", 1)[-1].lower()
+    return next((m for m in paper.MODELS if base == m or base.endswith("-" + m)), base)
+
+
 def _bench_sections(rep: Report, res: Results) -> None:
-    recs = [
-        ((d["meta"].get("model", name), arm["policy"]), arm) for name, d in res.bench for arm in d["arms"]
-    ]
     try:
+        recs = [
+            ((model_key(d["meta"].get("model", name)), arm["policy"]), arm)
+            for name, d in res.bench
+            for arm in d["arms"]
+        ]
         merged = merge_by(recs)
     except (ValueError, TypeError, KeyError) as e:
         rep.problems.append(f"bench results: unreadable arms ({e}); left out")
@@ -200,8 +206,7 @@ def _setup_section(res: Results) -> Section:
             best = [
                 s
                 for s in c.get("search", [])
-                if s["max_num_seqs"] == c["max_num_seqs"]
-                and s["max_num_batched_tokens"] == c["max_num_batched_tokens"]
+                if s["max_num_seqs"] == c["max_num_seqs"] and s["max_num_batched_tokens"] == c["max_num_batched_tokens"]
             ]
             t.rows.append(
                 [

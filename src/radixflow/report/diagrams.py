@@ -109,7 +109,16 @@ def timeline(cells: dict[str, dict], path: Path) -> dict:
         for key, label, colour in series:
             vals = [t.get(key) for t in turns]
             if turns and all(v is not None for v in vals):
-                ax.plot(xs, vals, marker="o", color=colour, label=label)
+                big = key == "hit"  # drawn larger: the ready hit often lies on top of it
+                ax.plot(
+                    xs,
+                    vals,
+                    marker="s" if big else "o",
+                    ms=9 if big else 5,
+                    lw=3 if big else 1.5,
+                    color=colour,
+                    label=label,
+                )
                 drawn[key] = vals
             if key in ref:
                 ax.plot(
@@ -128,6 +137,7 @@ def timeline(cells: dict[str, dict], path: Path) -> dict:
             fontsize=9,
         )
         ax.set_xlabel("turn")
+        ax.set_xticks(range(1, max(len(turns), len(ref["hit"])) + 1))
         ax.set_ylabel("tokens")
         ax.legend(fontsize=7)
         data[model] = drawn

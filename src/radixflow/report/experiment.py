@@ -7,7 +7,12 @@ table and figure of the report.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import functools
+import hashlib
 import importlib.util
+import io
 import multiprocessing
 import time
 from collections.abc import Callable
@@ -32,6 +37,20 @@ MULTITURN_MODELS = ("qwen3-8b", "qwen3.5-0.8b")  # one full-attention, one hybri
 TRACE_MODULE = "radixflow.commands.trace"
 
 
+SIM_PACKAGES = ("cache", "core", "sim", "spec", "workloads", "config.py")
+
+
+@functools.cache
+def code_version() -> str:
+    """A hash of the simulator's source: a cell made by other scheduler or cost-model code is rerun."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha1()
+    for name in SIM_PACKAGES:
+        for p in sorted((root / name).rglob("*.py")) if (root / name).is_dir() else [root / name]:
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:12]
+
+
 @dataclass
 class Grid:
     models: tuple[str, ...] = paper.MODELS
@@ -49,20 +68,14 @@ class Grid:
         return self.rate if self.rate is not None else paper.RATES.get(model, 5.0)
 
     def cells(self) -> list[Cell]:
-        qa = [
-            Cell("qa", m, a, s, o)
-            for m in self.models
-            for a in self.arms
-            for s in self.streams
-            for o in self.orders
-        ]
+        qa = [Cell("qa", m, a, s, o) for m in self.models for a in self.arms for s in self.streams for o in self.orders]
         extra = [Cell("figure1", DIAGRAM_MODEL, a) for a in DIAGRAM_ARMS]
         if importlib.util.find_spec(TRACE_MODULE) is not None:
             extra += [Cell("multiturn", m) for m in MULTITURN_MODELS]
         return extra + qa
 
     def fingerprint(self, cell: Cell) -> dict:
-        fp = {"kind": cell.kind, "seed": self.seed, "gpu": self.gpu}
+        fp = {"kind": cell.kind, "seed": self.seed, "gpu": self.gpu, "code": code_version()}
         if cell.kind == "qa":
             fp.update(
                 questions=self.questions,
@@ -145,9 +158,7 @@ def _figure1_cell(grid: Grid, cell: Cell) -> dict:
     budgets = (FIGURE1_BUDGETS["max_num_seqs"], FIGURE1_BUDGETS["max_num_batched_tokens"])
     setup = sim_setup(grid, cell.model, budgets, hook)
     vocab = setup.spec.vocab_size
-    m, _ = run_arm(
-        setup, get_arm(cell.arm), [[branch_from_record(r, "figure1", vocab) for r in figure1_records()]]
-    )
+    m, _ = run_arm(setup, get_arm(cell.arm), [[branch_from_record(r, "figure1", vocab) for r in figure1_records()]])
     arm = get_arm(cell.arm)
     return {
         "meta": {
@@ -163,13 +174,17 @@ def _figure1_cell(grid: Grid, cell: Cell) -> dict:
     }
 
 
-def _multiturn_cell(grid: Grid, cell: Cell, path: Path) -> dict | None:
-    """Delegates to `radixflow trace multi-turn` (another module owns the multi-turn simulation)."""
-    from radixflow.cli import main as cli_main
-
+def _multiturn_cell(grid: Grid, cell: Cell, path: Path) -> dict:
+    """Delegates to `radixflow trace multi-turn` (another module owns the multi-turn simulation),
+    through the command's own add_arguments/run, without loading the other commands."""
+    trace = importlib.import_module(TRACE_MODULE)
+    parser = argparse.ArgumentParser()
+    trace.add_arguments(parser)
     tmp = path.with_suffix(".trace.json")
-    rc = cli_main(["trace", "multi-turn", "--model", cell.model, "--json", str(tmp)])
-    if rc != 0 or not tmp.exists():
+    args = parser.parse_args(["multi-turn", "--model", cell.model, "--json", str(tmp)])
+    with contextlib.redirect_stdout(io.StringIO()):  # its table would scramble the progress bar
+        rc = trace.run(args)
+    if rc or not tmp.exists():
         raise RuntimeError(f"radixflow trace multi-turn --model {cell.model} exited with {rc}")
     data = read_json(tmp)
     tmp.unlink()
@@ -199,7 +214,7 @@ def run_cell(task: tuple[Grid, Cell, str]) -> tuple[str, float, str | None]:
         )
         write_atomic(path, data)
         return cell.name, wall, None
-    except Exception as e:  # a failing cell is reported by name; the others go on
+    except (Exception, SystemExit) as e:  # a failing cell is reported by name; the others go on
         return cell.name, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
 
 

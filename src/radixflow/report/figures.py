@@ -77,9 +77,7 @@ def figure3(merged: dict[tuple, ArmMeasures], path: Path) -> dict:
     drifts = [data[m]["stack_pct"][1] for m in models]
     # A waterfall: the drift bar hangs from the top of the gain bar and ends at the net change.
     right.bar([i - 0.15 for i in xs], gains, 0.3, label="round gain (K0−K1)·c̄0", color="#1f77b4")
-    right.bar(
-        [i + 0.15 for i in xs], drifts, 0.3, bottom=gains, label="−cost drift K1·(c̄1−c̄0)", color="#ff7f0e"
-    )
+    right.bar([i + 0.15 for i in xs], drifts, 0.3, bottom=gains, label="−cost drift K1·(c̄1−c̄0)", color="#ff7f0e")
     right.scatter(
         list(xs),
         [data[m]["delta_host_pct"] for m in models],
@@ -116,9 +114,7 @@ def figure4(dists: dict[tuple, dict], path: Path, bins: int = 30) -> dict:
     axes = fig.subplots(2, max(1, len(models)), squeeze=False)
     data: dict = {}
     for j, m in enumerate(models):
-        arms = [a for a in ARMS if (m, a) in dists] + sorted(
-            a for (mm, a) in dists if mm == m and a not in ARMS
-        )
+        arms = [a for a in ARMS if (m, a) in dists] + sorted(a for (mm, a) in dists if mm == m and a not in ARMS)
         lats = [v for a in arms for v in dists[(m, a)]["latencies"]]
         hi = max(lats) if lats else 1.0
         edges = [hi * k / bins for k in range(bins + 1)] if hi > 0 else [0.0, 1.0]

@@ -54,9 +54,7 @@ def page(title: str, sections: list[Section]) -> str:
         parts.append(f"<h2>{html.escape(s.title)}</h2>")
         parts += [f"<p>{html.escape(p)}</p>" for p in s.text]
         if s.bullets:
-            parts.append(
-                "<ul>" + "".join(f"<li class='warn'>{html.escape(b)}</li>" for b in s.bullets) + "</ul>"
-            )
+            parts.append("<ul>" + "".join(f"<li class='warn'>{html.escape(b)}</li>" for b in s.bullets) + "</ul>")
         if s.image:
             parts.append(f"<img src='{html.escape(s.image)}' alt='{html.escape(s.title)}'>")
         parts += [_table_html(t) for t in s.tables]

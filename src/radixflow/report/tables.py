@@ -14,6 +14,7 @@ from radixflow.core.policies import ARMS
 from radixflow.report import paper
 
 DIVERGENCE = 0.10  # |ours / paper - 1| above this is listed and needs a cause in docs/results.md
+PAPER_REQUESTS = paper.QUESTIONS * 6  # x 3 streams x 2 orders
 _ARM_FIELDS = {f.name for f in fields(ArmMeasures)}
 
 
@@ -147,8 +148,10 @@ def table1(merged: dict[tuple, ArmMeasures], title: str = "Table 1") -> Table:
     reqs = {x.requests for x in merged.values()}
     t.note = (
         f"Ours: {', '.join(f'{r:,}' for r in sorted(reqs))} logical requests per arm; the paper ran 9,306 "
-        "(1,551 questions x 3 streams x 2 orders). With fewer requests compare ΔK %, not K."
+        "(1,551 questions x 3 streams x 2 orders)."
     )
+    if reqs != {PAPER_REQUESTS}:
+        t.note += " With fewer requests compare ΔK %, not K."
     return t
 
 
@@ -190,6 +193,9 @@ def table2(merged: dict[tuple, ArmMeasures], title: str = "Table 2") -> Table:
                     fmt(x.host_ms_per_1k_tokens, "{:.1f}"),
                 ]
             )
+    notes = [f"{m}: {paper.NOTES[m]}" for m in ordered_models(merged) if m in paper.NOTES]
+    if notes:
+        t.note = "Paper, for comparison: " + "; ".join(notes) + "."
     return t
 
 
@@ -268,9 +274,6 @@ def ablation_table(splits: list[Split]) -> Table:
     return t
 
 
-PAPER_REQUESTS = paper.QUESTIONS * 6
-
-
 def divergences(merged: dict[tuple, ArmMeasures]) -> list[Divergence]:
     """Every measure with a paper value whose ratio is off by more than DIVERGENCE.
 
@@ -300,8 +303,6 @@ def divergence_table(divs: list[Divergence]) -> Table:
         ["model", "arm", "measure", "ours", "paper", "ratio"],
         note="Paper rounds are scaled by our requests / 9,306 before comparing.",
     )
-    for d in sorted(
-        divs, key=lambda d: (paper.MODELS.index(d.model) if d.model in paper.MODELS else 99, d.arm)
-    ):
+    for d in sorted(divs, key=lambda d: (paper.MODELS.index(d.model) if d.model in paper.MODELS else 99, d.arm)):
         t.rows.append([d.model, d.arm, d.measure, f"{d.ours:,.3f}", f"{d.paper:,.3f}", f"{d.ratio:.2f}"])
     return t
