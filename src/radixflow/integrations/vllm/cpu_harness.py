@@ -156,14 +156,19 @@ def make_request(
     block_size: int,
     max_tokens: int = 1,
     arrival: float = 0.0,
+    cache_salt: str | None = None,
 ) -> Request:
-    """A vLLM request with the block hasher a scheduler of `block_size` expects."""
+    """A vLLM request with the block hasher a scheduler of `block_size` expects.
+
+    `cache_salt` is vLLM's per-tenant cache isolation; it plays the role of a trace's cache namespace.
+    """
     return Request(
         request_id=request_id,
         prompt_token_ids=list(prompt_token_ids),
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         pooling_params=None,
         arrival_time=arrival,
+        cache_salt=cache_salt or None,
         block_hasher=_block_hasher(block_size),
     )
 
