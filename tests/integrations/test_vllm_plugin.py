@@ -9,6 +9,7 @@ import random
 
 import pytest
 from vllm_factories import (
+    PromptSpec,
     add_all,
     load_harness,
     native_view,
@@ -55,6 +56,27 @@ def test_native_vllm_gives_the_consumer_the_same_hit_one_step_later():
     scheduler, _ = first_step(plugin=False)
     step2 = harness.run_step(scheduler)
     assert step2.new_hits["r1"] == 4 * BS
+
+
+def test_a_blocked_consumer_whose_pages_do_not_fit_is_other_and_stops_the_scan(monkeypatch):
+    # r1 waits for r0's state AND needs 3 attention pages when only 3 blocks are left after r0:
+    # that is Other (SPEC §3), so the plugin must stop where vLLM stops, although r2 would fit.
+    doc = tuple(range(1, 4 * BS + 1))
+    specs = [PromptSpec("r0", doc + (100,) * 5), PromptSpec("r1", doc + tuple(range(200, 260))),
+             PromptSpec("r2", tuple(range(300, 310)))]
+
+    def first_rows():
+        scheduler = harness.build_scheduler(setup(plugin=True, num_gpu_blocks=9))
+        add_all(harness, scheduler, specs, BS)
+        return harness.run_step(scheduler)
+
+    step1 = first_rows()
+    assert set(step1.num_scheduled_tokens) == {"r0"} and step1.deferred == []
+    # Proof that the page check decided it: calling r1 Blocked regardless lets r2 in.
+    from radixflow.integrations.vllm import scheduler as plugin_scheduler
+
+    monkeypatch.setattr(plugin_scheduler, "pages_fit_without_state", lambda *a, **k: True)
+    assert set(first_rows().num_scheduled_tokens) == {"r0", "r2"}
 
 
 def test_full_attention_schedules_identically_with_and_without_the_plugin():
