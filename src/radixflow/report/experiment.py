@@ -37,15 +37,25 @@ MULTITURN_MODELS = ("qwen3-8b", "qwen3.5-0.8b")  # one full-attention, one hybri
 TRACE_MODULE = "radixflow.commands.trace"
 
 
-SIM_PACKAGES = ("cache", "core", "sim", "spec", "workloads", "config.py")
+# The simulator's source, hashed into every cell's fingerprint: scheduler, index, cost model, the
+# workloads the cells build. A cell made by other code is rerun; an unrelated edit elsewhere is not.
+SIM_SOURCES = (
+    "cache",
+    "core",
+    "sim",
+    "spec",
+    "config.py",
+    "workloads/qa.py",
+    "workloads/figure1.py",
+    "workloads/trace.py",
+)
 
 
 @functools.cache
 def code_version() -> str:
-    """A hash of the simulator's source: a cell made by other scheduler or cost-model code is rerun."""
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha1()
-    for name in SIM_PACKAGES:
+    for name in SIM_SOURCES:
         for p in sorted((root / name).rglob("*.py")) if (root / name).is_dir() else [root / name]:
             h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:12]
@@ -218,11 +228,17 @@ def run_cell(task: tuple[Grid, Cell, str]) -> tuple[str, float, str | None]:
         return cell.name, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
 
 
-def _cost_rank(cell: Cell) -> float:
-    """Rough relative cost, so the longest cells start first and the cores finish together."""
+# Paper-preset models in the order they are run: whole models one after another, cheapest first, so
+# a run stopped early leaves complete models (the small hybrids evict snapshots most and run longest).
+MODEL_ORDER = ("qwen3-8b", "nemotron-nano-9b-v2", "qwen3.5-27b", "qwen3.5-9b", "qwen3.5-4b", "qwen3.5-0.8b")
+
+
+def _run_order(cell: Cell) -> tuple:
+    """Non-QA cells first; then model by model, and within a model the slower streams first."""
     if cell.kind != "qa":
-        return 0.0
-    return {"reuse": 0.5, "mixed": 0.8}.get(cell.stream, 1.0) * (2.0 if "27b" in cell.model else 1.0)
+        return (0, 0, 0.0)
+    model = MODEL_ORDER.index(cell.model) if cell.model in MODEL_ORDER else len(MODEL_ORDER)
+    return (1, model, -{"reuse": 0.5, "mixed": 0.8}.get(cell.stream, 1.0))
 
 
 def pool_map(fn: Callable, tasks: list, jobs: int, on_done: Callable) -> None:
@@ -259,13 +275,14 @@ def run_experiment(grid: Grid, root: str | Path, jobs: int, progress=None) -> Ru
             "grid": {**asdict(grid), "budgets": {k: list(v) for k, v in grid.budgets.items()}},
             "cells": [c.name for c in cells],
             "budget_source": "calibrated" if grid.calibrate else "paper",
+            "code_version": code_version(),
         },
     )
     out = RunReport()
     todo = []
     for c in cells:
         (out.skipped.append(c.name) if is_done(c.path(root), grid.fingerprint(c)) else todo.append(c))
-    todo.sort(key=_cost_rank, reverse=True)
+    todo.sort(key=_run_order)
     advance = progress(len(todo)) if progress else (lambda r: None)
 
     def done(r):
