@@ -11,6 +11,8 @@ of one, so the tree stays prefix-closed and nothing a running branch holds is to
   leaves) in a fixed rotation; each turn cuts one chunk (`chunk_pages` pages) from the end of one
   trajectory, so every one keeps a contiguous reusable prefix. On a hybrid cache a cut ends on a
   state snapshot (see docs/eviction.md): KV past the last snapshot cannot be resumed from anyway.
+- `level-tail`: the same cuts, always from the deepest idle trajectory (water-filling), so every
+  idle history is levelled to one depth whatever its idle time.
 
 The policies are the index's friends: they use its private helpers (`_remove_leaf`, `_split`, ...),
 which keep the hash dict, the leaf set and the snapshot set consistent.
@@ -48,7 +50,7 @@ class LRU:
 
     def evict_pages(self, index: RadixIndex, need: int) -> int:
         freed = 0
-        heap = [(n.last_access, id(n), n) for n in index._leaves if index._evictable(n)]
+        heap = [(n.last_access, _order(n), n) for n in index._leaves if index._evictable(n)]
         heapq.heapify(heap)
         while freed < need and heap:
             _, _, node = heapq.heappop(heap)
@@ -57,17 +59,25 @@ class LRU:
             parent = node.parent
             freed += index._remove_leaf(node)
             if parent is not None and not parent.is_root and not parent.children and index._evictable(parent):
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+                heapq.heappush(heap, (parent.last_access, _order(parent), parent))
         return freed
 
     def evict_snapshots(self, index: RadixIndex, need: int) -> int:
-        cands = [(n.snapshot.last_access, id(n), n) for n in index._snap_nodes
-                 if n.snapshot.published and n.snapshot.lock == 0]
-        freed = 0
-        for _, _, node in heapq.nsmallest(need, cands):
+        # The index keeps its snapshot nodes in LRU order: take the oldest droppable ones.
+        victims = []
+        for n in index._snap_nodes:
+            if n.snapshot.published and n.snapshot.lock == 0:
+                victims.append(n)
+                if len(victims) >= need:
+                    break
+        for node in victims:
             index._drop_snapshot(node)
-            freed += 1
-        return freed
+        return len(victims)
+
+
+def _order(n: Node) -> tuple:
+    """Tie-break between equally recent nodes, the same in every process (unlike `id`)."""
+    return (n.namespace, n.depth, n.key[:8], id(n))
 
 
 # ----------------------------------------------------------------------------- round-robin tail
@@ -166,6 +176,26 @@ class RoundRobinTail:
         return None
 
 
+@dataclass
+class LevelTail(RoundRobinTail):
+    """Water-filling variant: each chunk comes from the deepest idle trajectory, so idle histories are
+    levelled to one depth instead of being cut in proportion to how long they have been idle."""
+
+    name: str = "level-tail"
+
+    def evict_pages(self, index: RadixIndex, need: int) -> int:
+        freed = 0
+        while freed < need:
+            leaves = [n for n in index._leaves if index._evictable(n)]
+            if not leaves:
+                break
+            got = self._cut(index, max(leaves, key=lambda n: (n.depth, _trajectory_key(n))))
+            if not got:
+                break
+            freed += got
+        return freed
+
+
 def _trajectory_key(leaf: Node) -> tuple:
     """A key that stays the same while a trajectory is cut: where its unshared chain starts.
 
@@ -188,7 +218,7 @@ def _snapshot_at_or_above(leaf: Node, depth: int) -> int:
 
 
 # ----------------------------------------------------------------------------- registry
-EVICTION_POLICIES: dict[str, type] = {"lru": LRU, "rr-tail": RoundRobinTail}
+EVICTION_POLICIES: dict[str, type] = {"lru": LRU, "rr-tail": RoundRobinTail, "level-tail": LevelTail}
 
 
 def get_eviction(spec: str) -> EvictionPolicy:
@@ -197,11 +227,12 @@ def get_eviction(spec: str) -> EvictionPolicy:
     cls = EVICTION_POLICIES.get(name)
     if cls is None:
         raise ValueError(f"unknown eviction policy {spec!r}; choose from: {', '.join(EVICTION_POLICIES)} "
-                         f"(rr-tail:N sets its chunk to N pages)")
+                         f"(rr-tail:N and level-tail:N set the chunk to N pages)")
     if not arg:
         return cls()
-    if cls is not RoundRobinTail or not arg.isdigit():
-        raise ValueError(f"bad eviction policy {spec!r}: only rr-tail takes a chunk size, as rr-tail:N pages")
+    if not issubclass(cls, RoundRobinTail) or not arg.isdigit():
+        raise ValueError(f"bad eviction policy {spec!r}: only the tail policies take a chunk size, "
+                         f"as rr-tail:N pages")
     return cls(chunk_pages=int(arg))
 
 

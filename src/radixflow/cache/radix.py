@@ -29,6 +29,7 @@ class Snapshot:
     lock: int = 0
     last_access: float = 0.0
     level: int = 0  # dependency depth of the fragment that produced it (for the lower bound)
+    node: Node | None = field(default=None, repr=False, compare=False)  # the node it sits on
 
 
 @dataclass(eq=False)
@@ -99,7 +100,7 @@ class RadixIndex:
         self._roots: dict[str, Node] = {}
         self._by_hash: dict[int, Node] = {}
         self._leaves: set[Node] = set()
-        self._snap_nodes: set[Node] = set()
+        self._snap_nodes: dict[Node, None] = {}  # in least-recently-used order (oldest first)
         self._pending_nodes: list[Node] = []
         self._pending_snaps: list[Snapshot] = []
         self.evicted_pages = 0
@@ -195,8 +196,9 @@ class RadixIndex:
         if node.snapshot is not None:
             return None
         snap = Snapshot(slot, node.depth, published=producer is None, producer=producer, last_access=now)
+        snap.node = node
         node.snapshot = snap
-        self._snap_nodes.add(node)
+        self._snap_nodes[node] = None
         if producer is not None:
             self._pending_snaps.append(snap)
         return snap
@@ -224,6 +226,13 @@ class RadixIndex:
         """A hit refreshes the whole matched path (node-level LRU)."""
         for n in node.path() if node is not None else ():
             n.last_access = now
+
+    def touch_snapshot(self, snap: Snapshot, now: float) -> None:
+        """A restore refreshes the snapshot's recency (the snapshot LRU order is kept incrementally)."""
+        snap.last_access = now
+        if snap.node is not None and snap.node in self._snap_nodes:
+            del self._snap_nodes[snap.node]
+            self._snap_nodes[snap.node] = None
 
     def evict_pages(self, need: int) -> int:
         """Frees at least `need` pages from unlocked tails, as the eviction policy chooses."""
@@ -351,4 +360,4 @@ class RadixIndex:
     def _drop_snapshot(self, node: Node) -> None:
         self.slots.free([node.snapshot.slot])
         node.snapshot = None
-        self._snap_nodes.discard(node)
+        self._snap_nodes.pop(node, None)

@@ -132,7 +132,9 @@ class Scheduler:
                 i += 1
                 continue
             break
-        if not preempted:
+        if preempted:
+            batch.stop_reason = "preempted"  # as vLLM: no new branch starts in a round that preempted
+        else:
             self._scan_waiting(batch, rows, tokens, now)
         if batch:
             self.rounds.append(RoundRecord(batch.round, now, batch.num_rows, batch.num_tokens, batch.deferred))
@@ -324,7 +326,7 @@ class Scheduler:
         state_in = None
         if plan.snapshot is not None:
             plan.snapshot.lock += 1
-            plan.snapshot.last_access = now
+            self.index.touch_snapshot(plan.snapshot, now)
             tr.read_snapshot = plan.snapshot
             state_in = plan.snapshot.slot
             tr.level = plan.snapshot.level
