@@ -25,7 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixflow", description="Hybrid prefix caching that fills every round.")
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    # Import only the chosen command (the simulator must not pay for torch); all of them for --help.
+    wanted = [chosen] if chosen in COMMANDS else list(COMMANDS)
     for name, (modname, help_text) in COMMANDS.items():
+        if name not in wanted:
+            sub.add_parser(name, help=help_text)
+            continue
         try:
             mod = importlib.import_module(modname)
         except ModuleNotFoundError as e:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import random
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from radixflow.core.branch import Branch
 
@@ -26,8 +27,8 @@ class Segment:
 
 def segment_tokens(seg_id: str, length: int, vocab: int = SEGMENT_VOCAB) -> tuple[int, ...]:
     """Deterministic tokens for a segment id: equal ids give equal tokens, so they share a prefix."""
-    rng = random.Random(zlib.crc32(seg_id.encode()))
-    return tuple(rng.randrange(vocab) for _ in range(length))
+    rng = np.random.default_rng(zlib.crc32(seg_id.encode()))
+    return tuple(rng.integers(0, vocab, length).tolist())
 
 
 _SEG_CACHE: dict[tuple[str, int, int], tuple[int, ...]] = {}
