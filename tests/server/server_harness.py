@@ -76,7 +76,7 @@ def start_server(model: str = "tiny-qwen3.5", *, block_size: int = 16, state_int
                           max_model_len=max_model_len)
     port = free_port()
     config = ServerConfig(engine=engine, port=port, max_queue=max_queue, debug_endpoints=True,
-                          default_max_tokens=16, drain_timeout=10)
+                          default_max_tokens=16, drain_timeout=10, torch_threads=1)
     server = build_server(config, log_level="warning")
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()

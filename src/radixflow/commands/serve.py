@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="max_tokens of a chat request that sends none")
     p.add_argument("--drain-timeout", type=float, default=60.0,
                    help="on SIGTERM, seconds to let in-flight requests finish before exiting")
+    p.add_argument("--torch-threads", type=positive_int, default=None,
+                   help="intra-op CPU threads of the engine thread (default: torch's; 1 avoids the large "
+                        "slowdown of oversubscribed OpenMP when other processes share the cores)")
     p.add_argument("--debug-endpoints", action="store_true",
                    help="enable GET /debug/cache (pool integrity and what branches hold)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -73,6 +76,6 @@ def run(args) -> int:
     config = ServerConfig(engine=engine_config(args), host=args.host, port=args.port,
                           served_model_name=args.served_model_name, max_queue=args.max_queue,
                           default_max_tokens=args.default_max_tokens, drain_timeout=args.drain_timeout,
-                          debug_endpoints=args.debug_endpoints)
+                          debug_endpoints=args.debug_endpoints, torch_threads=args.torch_threads)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     return serve(config, args.log_level)

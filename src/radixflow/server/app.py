@@ -33,6 +33,7 @@ class ServerConfig:
     default_max_tokens: int = 256  # chat completions without max_tokens
     drain_timeout: float = 60.0  # SIGTERM: seconds to let in-flight requests finish
     debug_endpoints: bool = False  # GET /debug/cache (integrity checks; tests)
+    torch_threads: int | None = None  # intra-op threads of the engine thread (default: torch's)
 
 
 class ServerState:
@@ -42,7 +43,7 @@ class ServerState:
         self.config = config
         sc = config.engine.scheduler
         self.metrics = ServerMetrics(sc.max_num_seqs, sc.max_num_batched_tokens)
-        self.loop = EngineLoop(config.engine, self.metrics, config.max_queue)
+        self.loop = EngineLoop(config.engine, self.metrics, config.max_queue, config.torch_threads)
         self.model_name = config.served_model_name or config.engine.model
         self.created = int(time.time())
 
@@ -102,6 +103,7 @@ def cache_report(engine: Engine) -> dict:
     except AssertionError as e:
         integrity = f"violated: {e}"
     return {"integrity": integrity, "holds_nothing": sc.holds_nothing(), "rounds": len(sc.rounds),
+            "host_time": round(sum(r.host_time for r in sc.rounds), 3),
             "blocked_total": sc.blocked_total, "held": len(sc.held), "waiting": len(sc.waiting),
             "running": len(sc.running), "in_flight_requests": len(engine.requests),
             "kv_pages": {"used": sc.pages.num_used, "total": sc.pages.capacity},

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from radixflow.core.branch import Branch, LogicalRequest
 from radixflow.engine.engine import Engine, EngineConfig
 from radixflow.server.errors import APIError
@@ -61,8 +63,10 @@ class Submission:
 
 
 class EngineLoop:
-    def __init__(self, config: EngineConfig, metrics: ServerMetrics, max_queue: int = 1024) -> None:
+    def __init__(self, config: EngineConfig, metrics: ServerMetrics, max_queue: int = 1024,
+                 torch_threads: int | None = None) -> None:
         self.config = config
+        self.torch_threads = torch_threads
         self.metrics = metrics
         self.max_queue = max_queue
         self.engine: Engine | None = None
@@ -127,6 +131,8 @@ class EngineLoop:
 
     # ================================================================== engine thread
     def _main(self) -> None:
+        if self.torch_threads:  # per thread: only the engine's intra-op pool changes
+            torch.set_num_threads(self.torch_threads)
         try:
             self.engine = Engine(self.config)
         except BaseException as e:  # reported as 503 on every call and by /health

@@ -2,7 +2,8 @@
 
 Ranges follow the OpenAI API where it defines one (temperature in [0, 2], logprobs up to 20 as vLLM
 allows). Fields outside this subset (penalties, logit_bias, tools, ...) are accepted and ignored.
-Extensions, as vLLM names them: `top_k`, `ignore_eos`, `stop_token_ids`; and `namespace`, the prefix
+Extensions, as vLLM names them: `top_k`, `ignore_eos`, `stop_token_ids`, `return_tokens_as_token_ids`;
+and `namespace`, the prefix
 cache namespace (requests share cached prefixes only inside one namespace; default "").
 """
 
@@ -34,6 +35,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    return_tokens_as_token_ids: bool = False  # logprobs tokens as "token_id:N" (vLLM's extension)
     namespace: str = ""
 
     def stop_strings(self) -> list[str]:

@@ -53,39 +53,42 @@ class TextStream:
         return out
 
 
-def token_str(tokenizer, token_id: int) -> str:
-    """A token as text; `token_id:N` when it is not valid text by itself (a partial UTF-8 byte)."""
+def token_str(tokenizer, token_id: int, as_id: bool = False) -> str:
+    """A token as text; `token_id:N` when asked, or when it is not valid text by itself (a partial
+    UTF-8 character)."""
+    if as_id:
+        return f"token_id:{token_id}"
     s = tokenizer.decode([token_id], skip_special_tokens=False)
     return f"token_id:{token_id}" if not s or "\ufffd" in s else s
 
 
 def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[float | None],
                         top: list[list[tuple[int, float]] | None], offset: int = 0,
-                        prompt_ids: list[int] | None = None) -> dict:
+                        prompt_ids: list[int] | None = None, as_ids: bool = False) -> dict:
     """The legacy completions `logprobs` object; echoed prompt tokens get null logprobs."""
     tokens, lps, tops, offsets = [], [], [], []
     pos = offset
     for t in prompt_ids or []:
-        s = token_str(tokenizer, t)
+        s = token_str(tokenizer, t, as_ids)
         tokens.append(s)
         lps.append(None)
         tops.append(None)
         offsets.append(pos)
         pos += len(s)
     for t, lp, tp in zip(token_ids, logprobs, top):
-        s = token_str(tokenizer, t)
+        s = token_str(tokenizer, t, as_ids)
         tokens.append(s)
         lps.append(lp)
-        tops.append({token_str(tokenizer, i): v for i, v in tp} if tp is not None else None)
+        tops.append({token_str(tokenizer, i, as_ids): v for i, v in tp} if tp is not None else None)
         offsets.append(pos)
         pos += len(s)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
 def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[float | None],
-                  top: list[list[tuple[int, float]] | None]) -> dict:
+                  top: list[list[tuple[int, float]] | None], as_ids: bool = False) -> dict:
     def entry(t: int, lp: float | None) -> dict:
-        s = token_str(tokenizer, t)
+        s = token_str(tokenizer, t, as_ids)
         return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
 
     content = []

@@ -54,7 +54,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         lp = None
         if body.logprobs is not None:
             echo_ids = prompts[b.index // body.n] if body.echo else None
-            lp = completion_logprobs(tok, list(b.output), st.logprobs, st.top_logprobs, 0, echo_ids)
+            lp = completion_logprobs(tok, list(b.output), st.logprobs, st.top_logprobs, 0, echo_ids,
+                                     body.return_tokens_as_token_ids)
         choices.append({"index": b.index, "text": text, "logprobs": lp, "finish_reason": finish_reason(b)})
     return JSONResponse({**meta, "choices": choices, "usage": usage(req.branches)})
 
@@ -65,7 +66,8 @@ def _completion_chunks(ev, texts: dict, body: CompletionRequest, meta: dict):
         text = ts.push(ev.token_ids)
         lp = None
         if body.logprobs is not None:
-            lp = completion_logprobs(ts.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs)
+            lp = completion_logprobs(ts.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs,
+                                     as_ids=body.return_tokens_as_token_ids)
         if text or lp is not None:
             choice = {"index": ev.index, "text": text, "logprobs": lp, "finish_reason": None}
             yield {**meta, "choices": [choice]}
@@ -106,7 +108,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     choices = []
     for b in req.branches:
         st = b.user_data
-        lp = chat_logprobs(tok, list(b.output), st.logprobs, st.top_logprobs) if body.logprobs else None
+        lp = None
+        if body.logprobs:
+            lp = chat_logprobs(tok, list(b.output), st.logprobs, st.top_logprobs, body.return_tokens_as_token_ids)
         text = texts[b.index].push(list(b.output)) + texts[b.index].finish()
         choices.append({"index": b.index, "message": {"role": "assistant", "content": text},
                         "logprobs": lp, "finish_reason": finish_reason(b)})
@@ -122,7 +126,8 @@ def _chat_chunks(ev, texts: dict, body: ChatCompletionRequest, meta: dict):
             delta = {"role": "assistant", **delta}
         lp = None
         if body.logprobs:
-            lp = chat_logprobs(ts.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs)
+            lp = chat_logprobs(ts.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs,
+                               body.return_tokens_as_token_ids)
         if delta["content"] or lp is not None or "role" in delta:
             choice = {"index": ev.index, "delta": delta, "logprobs": lp, "finish_reason": None}
             yield {**meta, "choices": [choice]}
