@@ -7,7 +7,8 @@
 # machine neither needs nor can use. What its scheduler, configs and request objects import is listed
 # below (found by removing one package at a time until the tests broke). torch stays at the CPU build
 # 2.13.0 already installed there (vLLM pins 2.14, which the scheduler does not need), and an installed
-# transformers is kept at its version, so the project's own pins win.
+# transformers is kept at its version, so the project's own pins win. pip then reports that vLLM's
+# declared requirements (torch 2.14, CUDA packages, ...) are not met: expected, and not an error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,7 +40,10 @@ echo "torch==$TORCH_VERSION" > "$constraints"
 installed_transformers=$("$PY" -c 'from importlib.metadata import version; print(version("transformers"))' \
   2>/dev/null || true)
 if [ -n "$installed_transformers" ]; then
+  # The project pins its own transformers (5.23); vLLM's scheduler works with it.
   echo "transformers==$installed_transformers" >> "$constraints"
+else
+  echo "transformers<5.21.0" >> "$constraints"  # vLLM 0.33.0's own range
 fi
 
 "$PY" -m pip install -q -c "$constraints" "torch==$TORCH_VERSION"
