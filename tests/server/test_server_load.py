@@ -60,3 +60,16 @@ def test_64_concurrent_clients(hybrid_server):
     assert report["integrity"] == "ok"
     assert report["holds_nothing"], report
     assert report["held"] == report["waiting"] == report["running"] == 0
+
+
+def test_scheduler_history_is_trimmed(hybrid_server, monkeypatch):
+    from radixflow.server import engine_loop
+
+    monkeypatch.setattr(engine_loop, "_KEEP", 2)
+    client = hybrid_server.client()
+    for i in range(3):
+        client.completions.create(model="tiny-qwen3.5", prompt=f"trim {i}", max_tokens=2)
+    sizes = hybrid_server.state.loop.call(lambda e: (len(e.scheduler.finished), len(e.scheduler.rounds)))
+    finished, rounds = sizes.result(timeout=30)
+    assert finished <= 3 and rounds <= 3
+    assert hybrid_server.cache()["rounds"] > 3  # the round counter itself keeps counting

@@ -102,8 +102,7 @@ def cache_report(engine: Engine) -> dict:
         integrity = "ok"
     except AssertionError as e:
         integrity = f"violated: {e}"
-    return {"integrity": integrity, "holds_nothing": sc.holds_nothing(), "rounds": len(sc.rounds),
-            "host_time": round(sum(r.host_time for r in sc.rounds), 3),
+    return {"integrity": integrity, "holds_nothing": sc.holds_nothing(), "rounds": sc.round,
             "blocked_total": sc.blocked_total, "held": len(sc.held), "waiting": len(sc.waiting),
             "running": len(sc.running), "in_flight_requests": len(engine.requests),
             "kv_pages": {"used": sc.pages.num_used, "total": sc.pages.capacity},

@@ -25,6 +25,7 @@ from radixflow.server.errors import APIError
 from radixflow.server.metrics import ServerMetrics
 
 log = logging.getLogger("radixflow.server")
+_KEEP = 4096  # finished branches / round records kept by the scheduler before trimming
 
 
 @dataclass
@@ -230,6 +231,16 @@ class EngineLoop:
             if sub is not None:
                 self._observe_finished(req)
                 self._close(sub, Finished(req))
+        self._trim_history()
+
+    def _trim_history(self) -> None:
+        """The scheduler keeps every finished branch and round record (the simulator reads them at
+        the end); a server runs for days, and its metrics already hold what it needs."""
+        sc = self.engine.scheduler
+        if len(sc.finished) > _KEEP:
+            sc.finished.clear()
+        if len(sc.rounds) > _KEEP:
+            del sc.rounds[:-1]
 
     def _send_deltas(self, sub: Submission) -> None:
         for i, b in enumerate(sub.branches):
