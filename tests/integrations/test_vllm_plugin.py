@@ -131,6 +131,26 @@ def test_prefix_hits_are_the_same_and_steps_no_more(seed):
     assert steps[1] <= steps[0]
 
 
+def test_async_plugin_with_two_steps_in_flight_finishes_everything():
+    # vLLM's engine schedules step t+1 before step t's output is back; the model output is fixed
+    # when a step is scheduled, as a real runner's would be.
+    scheduler = harness.build_scheduler(setup(plugin=True, async_scheduling=True, max_num_seqs=8))
+    requests = add_all(harness, scheduler, random_groups(random.Random(3), BS, max_groups=8), BS, max_tokens=3)
+    in_flight = []
+    for _ in range(200):
+        if not scheduler.has_requests() and not in_flight:
+            break
+        if scheduler.has_requests():
+            output = scheduler.schedule()
+            in_flight.append((output, harness.stand_in_model_output(scheduler, output)))
+        if len(in_flight) == 2 or not scheduler.has_requests():
+            scheduler.update_from_output(*in_flight.pop(0))
+    assert not scheduler.has_requests() and not in_flight
+    assert scheduler.num_blocked_deferrals > 0
+    assert {r.num_output_tokens for r in requests.values()} == {3}
+    assert harness.count_free_blocks(scheduler) == harness.usable_blocks(scheduler)
+
+
 def test_finish_abort_and_preemption_leave_no_blocks_behind():
     # A pool too small for every decode to grow forces vLLM to preempt running requests.
     scheduler = harness.build_scheduler(setup(plugin=True, num_gpu_blocks=24, max_num_seqs=8))
