@@ -23,6 +23,10 @@ class SchedulerConfig:
     enable_prefix_caching: bool = _opt(True, "reuse cached prefixes across branches")
     num_kv_pages: int = _opt(1 << 20, "KV pool size in pages")
     num_state_slots: int = _opt(1 << 16, "state snapshot pool size in slots (hybrid models)")
+    cache_memory_bytes: int = _opt(0, "if > 0: pages and slots share this many bytes (a unified pool, as "
+                                      "vLLM's hybrid allocator); the pool sizes are then upper bounds")
+    kv_page_bytes: int = _opt(0, "bytes of one KV page (with cache_memory_bytes)")
+    state_slot_bytes: int = _opt(0, "bytes of one state slot (with cache_memory_bytes)")
     eviction: str = _opt("lru", "prefix-cache eviction policy: lru (node-level, a hit refreshes the whole "
                                 "path) | rr-tail[:N] (round-robin tail chunks of N pages over idle paths)")
 

@@ -35,6 +35,10 @@ budgets = st.fixed_dictionaries({
     "max_num_batched_tokens": st.sampled_from([16, 32, 48, 100]),
     "num_kv_pages": st.sampled_from([64, 200, 4096]),
     "num_state_slots": st.sampled_from([8, 16, 512]),
+    # 0: separate pools; else pages (10 B) and slots (40 B) share one byte budget (vLLM's hybrid pool)
+    "cache_memory_bytes": st.sampled_from([0, 0, 700, 3000]),
+    "kv_page_bytes": st.just(10),
+    "state_slot_bytes": st.just(40),
 })
 
 

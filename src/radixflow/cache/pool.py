@@ -1,15 +1,31 @@
-"""Fixed-size pools of integer ids: KV pages and state-snapshot slots."""
+"""Fixed-size pools of integer ids (KV pages, state-snapshot slots), optionally drawing on one shared
+byte budget: vLLM's hybrid allocator gives KV blocks and Mamba state blocks one pool of memory, so
+a page and a slot compete for the same bytes."""
 
 from __future__ import annotations
+
+
+class ByteBudget:
+    def __init__(self, total: int) -> None:
+        if total <= 0:
+            raise ValueError(f"cache memory must be > 0 bytes, got {total}")
+        self.total = total
+        self.used = 0
+
+    @property
+    def free(self) -> int:
+        return self.total - self.used
 
 
 class IdPool:
     """A free list over ids 0..capacity-1; the owner of an allocated id is tracked elsewhere."""
 
-    def __init__(self, capacity: int, name: str) -> None:
+    def __init__(self, capacity: int, name: str, unit_bytes: int = 0, budget: ByteBudget | None = None) -> None:
         if capacity < 0:
             raise ValueError(f"{name} pool capacity must be >= 0, got {capacity}")
         self.name = name
+        self.unit_bytes = unit_bytes
+        self.budget = budget
         self.capacity = capacity
         self._free = list(range(capacity - 1, -1, -1))
         self._is_free = bytearray(b"\x01") * capacity
@@ -23,13 +39,16 @@ class IdPool:
         return self.capacity - len(self._free)
 
     def can_allocate(self, n: int) -> bool:
-        return n <= len(self._free)
+        return n <= len(self._free) and (self.budget is None or n * self.unit_bytes <= self.budget.free)
 
     def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise MemoryError(f"{self.name} pool: asked for {n}, {len(self._free)} free")
+        if not self.can_allocate(n):
+            raise MemoryError(f"{self.name} pool: asked for {n}, {len(self._free)} free"
+                              + (f", {self.budget.free} bytes left" if self.budget else ""))
         if n == 0:
             return []
+        if self.budget is not None:
+            self.budget.used += n * self.unit_bytes
         ids = self._free[-n:]
         del self._free[-n:]
         for i in ids:
@@ -45,6 +64,8 @@ class IdPool:
                 raise AssertionError(f"{self.name} pool: double free of {i}")
             self._is_free[i] = 1
             self._free.append(i)
+            if self.budget is not None:
+                self.budget.used -= self.unit_bytes
 
     def free_ids(self) -> set[int]:
         return set(self._free)

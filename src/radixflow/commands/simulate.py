@@ -6,6 +6,7 @@ import time
 
 from rich.progress import Progress
 
+from radixflow.cache.eviction import get_eviction
 from radixflow.commands.common import (
     add_scheduler_flags,
     add_workload_flags,
@@ -19,24 +20,32 @@ from radixflow.core.policies import parse_arms
 from radixflow.sim.cost_model import GPUS, get_gpu
 from radixflow.sim.runner import SimSetup, run_arm
 from radixflow.spec import get_spec
+from radixflow.workloads.agentic import SESSION_WORKLOADS, add_session_flags, simulate_cli
 
 
 def add_arguments(p) -> None:
     p.add_argument("--model", default="qwen3.5-0.8b", help="preset name or a directory with config.json")
     p.add_argument("--gpu", default="a800", help=f"one of {', '.join(GPUS)}")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
-    p.add_argument("--state-memory-fraction", type=float, default=0.5,
-                   help="hybrid models: share of the cache memory for state slots")
+    p.add_argument("--state-memory-fraction", type=float, default=None,
+                   help="hybrid models: a fixed share of the cache memory for state slots "
+                        "(default: one unified pool that pages and slots share, as vLLM's hybrid allocator)")
     add_workload_flags(p)
     add_scheduler_flags(p)
     p.add_argument("--check", action="store_true", help="check_integrity() after every round (slow)")
+    add_session_flags(p)
 
 
 def run(args) -> int:
+    if args.workload in SESSION_WORKLOADS:  # closed-loop sessions, compared across eviction policies
+        return simulate_cli(args)
     spec = get_spec(args.model)
     gpu = get_gpu(args.gpu)
     arms = parse_arms(args.policy)
     cfg = scheduler_config(args, spec.name)
+    if args.eviction:
+        cfg.eviction = args.eviction
+        get_eviction(cfg.eviction)  # one policy for these workloads; checks the name
     workloads = build_workloads(args, spec.name)
     setup = SimSetup(spec, gpu, cfg, args.gpu_memory_utilization, args.state_memory_fraction, check=args.check)
     results = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from radixflow.cache.pool import IdPool
+from radixflow.cache.pool import ByteBudget, IdPool
 from radixflow.cache.radix import Match, Node, RadixIndex, Snapshot, chain_hashes
 from radixflow.config import SchedulerConfig
 from radixflow.core.batch import Batch, ExecResult, Fragment, Outcome
@@ -60,8 +60,9 @@ class Scheduler:
         self.hybrid = hybrid
         self.block_size = config.block_size
         self.interval = config.state_interval if hybrid else config.block_size
-        self.pages = IdPool(config.num_kv_pages, "KV page")
-        self.slots = IdPool(config.num_state_slots if hybrid else 0, "state slot")
+        budget = ByteBudget(config.cache_memory_bytes) if config.cache_memory_bytes > 0 else None
+        self.pages = IdPool(config.num_kv_pages, "KV page", config.kv_page_bytes, budget)
+        self.slots = IdPool(config.num_state_slots if hybrid else 0, "state slot", config.state_slot_bytes, budget)
         self.index = RadixIndex(config.block_size, self.pages, self.slots, config.eviction)
         self.held: list[Branch] = []
         self.waiting: list[Branch] = []
@@ -85,6 +86,9 @@ class Scheduler:
         if need > self.config.num_kv_pages:
             raise ValueError(f"branch {branch.key} needs {need} KV pages; the pool has "
                              f"{self.config.num_kv_pages}: raise the KV cache memory or lower max tokens")
+        budget = self.pages.budget
+        if budget is not None and need * self.pages.unit_bytes + self.slots.unit_bytes * self.hybrid > budget.total:
+            raise ValueError(f"branch {branch.key} needs more cache memory than the {budget.total} bytes there are")
         branch.uid = self._next_uid
         self._next_uid += 1
         branch.sched = _Track()
@@ -219,6 +223,10 @@ class Scheduler:
             f"page leak: private {len(private)} + cached {len(tree_pages)} + free {self.pages.num_free} "
             f"!= {self.pages.capacity}")
         assert len(slots) + len(snap_slots) + self.slots.num_free == self.slots.capacity, "slot leak"
+        budget = self.pages.budget
+        if budget is not None:
+            used = self.pages.num_used * self.pages.unit_bytes + self.slots.num_used * self.slots.unit_bytes
+            assert budget.used == used <= budget.total, f"byte budget drift: {budget.used} != {used}"
         top = sum(n.lock_ref for r in self.index._roots.values() for n in r.children.values())
         assert top == locks, f"lock drift: tree says {top}, branches hold {locks}"
         held_snap = sum(n.snapshot.lock for n in self.index._snap_nodes)
@@ -295,7 +303,7 @@ class Scheduler:
         if snapshot is not None:
             snapshot.lock += 1
         need = -(-(start + n) // self.block_size) - start // self.block_size
-        ok = self._ensure_pages(need) and (not self.hybrid or self._ensure_slots(1))
+        ok = self._ensure(need, 1 if self.hybrid else 0)
         self.index.unlock(node)
         if snapshot is not None:
             snapshot.lock -= 1
@@ -492,11 +500,29 @@ class Scheduler:
         return max(0, -(-end // self.block_size) - len(b.sched.page_table))
 
     def _ensure_pages(self, n: int) -> bool:
-        if self.pages.num_free < n:
-            self.index.evict_pages(n - self.pages.num_free)
-        return self.pages.num_free >= n
+        return self._ensure(n, 0)
 
     def _ensure_slots(self, n: int) -> bool:
-        if self.slots.num_free < n:
-            self.index.evict_snapshots(n - self.slots.num_free)
-        return self.slots.num_free >= n
+        return self._ensure(0, n)
+
+    def _ensure(self, pages: int, slots: int) -> bool:
+        """Makes room for `pages` pages and `slots` slots at once, evicting cached tails and snapshots."""
+        p, s, budget = self.pages, self.slots, self.pages.budget
+        if pages > p.num_free:
+            self.index.evict_pages(pages - p.num_free)
+        if slots > s.num_free:
+            self.index.evict_snapshots(slots - s.num_free)
+        if budget is not None:
+            for _ in range(2):
+                short = pages * p.unit_bytes + slots * s.unit_bytes - budget.free
+                if short <= 0:
+                    break
+                # Memory of the kind asked for goes first; then the other kind.
+                if slots and not pages:
+                    if not self.index.evict_snapshots(-(-short // max(1, s.unit_bytes))):
+                        self.index.evict_pages(-(-short // max(1, p.unit_bytes)))
+                elif not self.index.evict_pages(-(-short // max(1, p.unit_bytes))):
+                    self.index.evict_snapshots(-(-short // max(1, s.unit_bytes)))
+            if pages * p.unit_bytes + slots * s.unit_bytes > budget.free:
+                return False
+        return pages <= p.num_free and slots <= s.num_free

@@ -74,17 +74,20 @@ class CostModel:
         return overhead + max(dense, traffic) + attn_t + rec_t
 
 
-def pool_sizes(spec: ModelSpec, gpu: GPU, block_size: int, utilization: float = 0.8,
-               state_fraction: float = 0.5, activation_reserve: float = 0.04) -> tuple[int, int]:
-    """(KV pages, snapshot slots) that fit in `utilization` of the GPU after weights and activations.
-
-    Hybrid models split the cache budget: `state_fraction` goes to state slots (working states of
-    running branches and snapshots), the rest to KV pages.
-    """
+def cache_budget(spec: ModelSpec, gpu: GPU, utilization: float = 0.8, activation_reserve: float = 0.04) -> int:
+    """Bytes left for KV pages and state slots in `utilization` of the GPU after weights and activations."""
     budget = gpu.memory * (utilization - activation_reserve) - spec.weight_bytes
     if budget <= 0:
         raise ValueError(f"{spec.name} weights ({spec.weight_bytes / 1e9:.1f} GB) do not fit in "
                          f"{utilization:.0%} of {gpu.name} memory")
+    return int(budget)
+
+
+def pool_sizes(spec: ModelSpec, gpu: GPU, block_size: int, utilization: float = 0.8,
+               state_fraction: float = 0.5, activation_reserve: float = 0.04) -> tuple[int, int]:
+    """(KV pages, snapshot slots) for a fixed split: `state_fraction` of the cache budget goes to
+    state slots (working states of running branches and snapshots), the rest to KV pages."""
+    budget = cache_budget(spec, gpu, utilization, activation_reserve)
     if not spec.is_hybrid:
         return int(budget // (spec.kv_bytes_per_token * block_size)), 0
     slots = int(budget * state_fraction // spec.state_bytes_per_snapshot)

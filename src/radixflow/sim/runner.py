@@ -12,7 +12,7 @@ from radixflow.core.loop import run_trace
 from radixflow.core.metrics import ArmMeasures, measure, merge
 from radixflow.core.policies import Arm
 from radixflow.core.scheduler import Scheduler
-from radixflow.sim.cost_model import GPU, CostModel, pool_sizes
+from radixflow.sim.cost_model import GPU, CostModel, cache_budget, pool_sizes
 from radixflow.sim.executor import SimExecutor
 from radixflow.spec.model_spec import ModelSpec
 from radixflow.workloads.trace import fresh_copies
@@ -24,16 +24,25 @@ class SimSetup:
     gpu: GPU
     config: SchedulerConfig
     gpu_memory_utilization: float = 0.8
-    state_fraction: float = 0.5
+    state_fraction: float | None = None  # None: one unified byte pool (vLLM's hybrid allocator)
     size_pools: bool = True  # size the pools from GPU memory (else keep config's pool sizes)
     check: bool = False  # check_integrity() after every round (tests)
     round_hook: Callable | None = field(default=None, repr=False)
 
     def scheduler_config(self) -> SchedulerConfig:
         cfg = SchedulerConfig(**vars(self.config))
-        if self.size_pools:
+        if not self.size_pools:
+            return cfg
+        if self.state_fraction is not None:
             cfg.num_kv_pages, cfg.num_state_slots = pool_sizes(
                 self.spec, self.gpu, cfg.block_size, self.gpu_memory_utilization, self.state_fraction)
+            return cfg
+        budget = cache_budget(self.spec, self.gpu, self.gpu_memory_utilization)
+        page_bytes = self.spec.kv_bytes_per_token * cfg.block_size
+        slot_bytes = self.spec.state_bytes_per_snapshot
+        cfg.num_kv_pages = max(1, budget // page_bytes)
+        cfg.num_state_slots = budget // slot_bytes if self.spec.is_hybrid else 0
+        cfg.cache_memory_bytes, cfg.kv_page_bytes, cfg.state_slot_bytes = budget, page_bytes, slot_bytes
         return cfg
 
 
