@@ -151,3 +151,40 @@ def test_429_when_the_admission_queue_is_full():
         assert report["integrity"] == "ok" and report["holds_nothing"]
     finally:
         live.stop()
+
+
+def test_errors_are_counted_in_metrics(hybrid_server):
+    _post(hybrid_server, {"prompt": "a", "temperature": -1})
+    httpx.get(hybrid_server.url + "/no/such/path", timeout=10)
+    body = httpx.get(hybrid_server.url + "/metrics", timeout=10).text
+    assert 'radixflow_requests_total{endpoint="/v1/completions",status="400"}' in body
+    assert 'radixflow_requests_total{endpoint="unmatched",status="404"}' in body
+
+
+def _inject_step_failure(live) -> None:
+    def install(eng):
+        real = eng.step
+
+        def boom(now=None):
+            eng.step = real  # fail once
+            raise RuntimeError("injected failure")
+
+        eng.step = boom
+
+    live.state.loop.call(install).result(timeout=30)
+
+
+def test_engine_error_fails_the_request_and_the_server_keeps_serving(hybrid_server):
+    _inject_step_failure(hybrid_server)
+    r = _post(hybrid_server, {"prompt": "x", "max_tokens": 2})
+    assert r.status_code == 500
+    err = error_of(r)
+    assert err["code"] == "engine_error" and "injected failure" in err["message"]
+    _inject_step_failure(hybrid_server)
+    with httpx.stream("POST", hybrid_server.url + URL, json={"prompt": "x", "stream": True}, timeout=60) as s:
+        assert s.status_code == 200  # the stream had started: the error arrives as an event
+        lines = [line for line in s.iter_lines() if line.startswith("data: ")]
+    assert "injected failure" in lines[0] and lines[-1] == "data: [DONE]"
+    report = hybrid_server.wait_idle()
+    assert report["integrity"] == "ok" and report["holds_nothing"]
+    assert _post(hybrid_server, {"prompt": "a", "max_tokens": 1}).status_code == 200

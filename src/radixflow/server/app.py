@@ -67,7 +67,7 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="radixflow", lifespan=lifespan)
     app.state.server = state
-    install_handlers(app)
+    install_handlers(app, lambda endpoint, status: state.metrics.requests.labels(endpoint, status).inc())
     app.include_router(router)
 
     @app.get("/health")

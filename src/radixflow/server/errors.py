@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -62,16 +63,23 @@ def _from_validation(exc: RequestValidationError) -> APIError:
     return bad_request(f"{param or 'body'}: {first.get('msg', 'invalid value')}{more}", param or None)
 
 
-def install_handlers(app: FastAPI) -> None:
+def install_handlers(app: FastAPI, count: Callable[[str, str], None]) -> None:
+    """Error handlers; `count(endpoint, status)` records each error response."""
+
+    def respond(request: Request, err: APIError) -> JSONResponse:
+        route = request.scope.get("route")
+        count(route.path if route is not None else "unmatched", str(err.status))
+        return err.response()
+
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return respond(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _from_validation(exc).response()
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return respond(request, _from_validation(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if exc.status_code == 404 else None
-        return APIError(exc.status_code, str(exc.detail), None, code).response()
+        return respond(request, APIError(exc.status_code, str(exc.detail), None, code))

@@ -38,13 +38,13 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         raise bad_request("prompt must not be empty", "prompt")
     rid = f"cmpl-{uuid.uuid4().hex}"
     branches = _branches(eng, rid, prompts, body, body.max_tokens, body.logprobs)
-    tracked = TrackedRequest(server.loop, request, rid, branches, body.stream)
     meta = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": server.model_name}
     texts = {b.index: _text_stream(tok, body, prompts[b.index // body.n] if body.echo else None)
              for b in branches}
+    tracked = TrackedRequest(server.loop, request, rid, branches, body.stream)  # from here on: abort on exit
     if body.stream:
-        return _sse(tracked, server, lambda ev: _completion_chunks(ev, texts, body, meta))
-    req = await _wait(tracked, server, "completions")
+        return _sse(tracked, server, "/v1/completions", lambda ev: _completion_chunks(ev, texts, body, meta))
+    req = await _wait(tracked, server, "/v1/completions")
     if req is None:
         return Response(status_code=499)
     choices = []
@@ -96,13 +96,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     k = body.top_logprobs or 0 if body.logprobs else None
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     branches = _branches(eng, rid, [prompt], body, max_tokens, k)
-    tracked = TrackedRequest(server.loop, request, rid, branches, body.stream)
-    meta = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": server.model_name}
+    meta = {"id": rid, "object": "chat.completion.chunk" if body.stream else "chat.completion",
+            "created": int(time.time()), "model": server.model_name}
     texts = {b.index: _text_stream(tok, body, None) for b in branches}
+    tracked = TrackedRequest(server.loop, request, rid, branches, body.stream)
     if body.stream:
-        meta["object"] = "chat.completion.chunk"
-        return _sse(tracked, server, lambda ev: _chat_chunks(ev, texts, body, meta))
-    req = await _wait(tracked, server, "chat")
+        return _sse(tracked, server, "/v1/chat/completions", lambda ev: _chat_chunks(ev, texts, body, meta))
+    req = await _wait(tracked, server, "/v1/chat/completions")
     if req is None:
         return Response(status_code=499)
     choices = []
@@ -185,8 +185,7 @@ async def _wait(tracked: TrackedRequest, server, endpoint: str):
         while True:
             ev = await tracked.next()
             if isinstance(ev, Failed):
-                server.metrics.requests.labels(endpoint, str(ev.error.status)).inc()
-                raise ev.error
+                raise ev.error  # counted by the error handler
             if isinstance(ev, Finished):
                 server.metrics.requests.labels(endpoint, "200").inc()
                 return ev.request
@@ -197,7 +196,7 @@ async def _wait(tracked: TrackedRequest, server, endpoint: str):
         tracked.close()
 
 
-def _sse(tracked: TrackedRequest, server, chunks) -> StreamingResponse:
+def _sse(tracked: TrackedRequest, server, endpoint: str, chunks) -> StreamingResponse:
     async def events() -> AsyncIterator[str]:
         status = "disconnected"
         try:
@@ -215,7 +214,7 @@ def _sse(tracked: TrackedRequest, server, chunks) -> StreamingResponse:
             yield "data: [DONE]\n\n"
         finally:
             tracked.close()
-            server.metrics.requests.labels("stream", status).inc()
+            server.metrics.requests.labels(endpoint, status).inc()
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
