@@ -9,7 +9,9 @@ fi
 stamp=.venv/.radixflow-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # The CPU build of torch 2.13.0 is what this machine ships; a bare `torch` would pull a CUDA build.
-  .venv/bin/python -m pip install -q "torch==2.13.0" || .venv/bin/python -m pip install -q torch
+  .venv/bin/python -m pip install -q "torch==2.13.0"
   .venv/bin/python -m pip install -q -e ".[test]"
   touch "$stamp"
 fi
+# vLLM 0.33.0 (no deps, CPU torch kept) for the plugin's tests against vLLM's own scheduler.
+bash scripts/install_vllm.sh .venv/bin/python
