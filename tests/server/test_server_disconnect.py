@@ -61,8 +61,9 @@ def test_non_streaming_client_timeout_aborts_the_request(hybrid_server):
     assert _metric(hybrid_server, "radixflow_aborted_requests_total") - aborted0 == 1
 
 
-def test_client_gone_before_its_request_starts(hybrid_server):
-    """Queued requests whose clients leave are removed from the waiting queue, never run."""
+def test_clients_gone_with_branches_still_queued(hybrid_server):
+    """4 requests x 8 branches on 16 rows: when their clients leave, some branches are running and
+    some still waiting; all are removed and free what they hold."""
     aborted0 = _metric(hybrid_server, "radixflow_aborted_requests_total")
 
     def fire(seed: int) -> None:
