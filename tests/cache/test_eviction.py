@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixflow.cache.eviction import EVICTION_POLICIES, LRU, RoundRobinTail, get_eviction, parse_evictions
+from radixflow.cache.eviction import EVICTION_POLICIES, LRU, get_eviction, parse_evictions
 from radixflow.cache.pool import IdPool
 from radixflow.cache.radix import RadixIndex, chain_hashes
 
@@ -67,7 +67,7 @@ def check_prefix_closed(index: RadixIndex) -> None:
 
 # ----------------------------------------------------------------------------- registry
 def test_registry_names_and_chunk():
-    assert set(EVICTION_POLICIES) >= {"lru", "rr-tail"}
+    assert set(EVICTION_POLICIES) >= {"lru", "rr-tail", "level-tail"}
     assert isinstance(get_eviction("lru"), LRU)
     assert get_eviction("rr-tail:8").chunk_pages == 8
     assert parse_evictions("lru, rr-tail") == ["lru", "rr-tail"]
@@ -112,6 +112,18 @@ def test_rr_tail_spreads_the_cut_over_idle_agents():
     index.evict_pages(4)  # the rotation goes on where it stopped
     kept = sorted(cached_len(index, t) - len(system) for t in trajs)
     assert kept == [8, 8, 12, 12]
+    check_prefix_closed(index)
+
+
+def test_level_tail_cuts_the_deepest_idle_history_first():
+    index = make_index("level-tail:2")
+    system = tuple(range(1000, 1008))
+    lens = [8, 16, 24]
+    trajs = [system + tuple(10_000 * (a + 1) + i for i in range(n)) for a, n in enumerate(lens)]
+    for t in trajs:
+        put(index, t)
+    index.evict_pages(8)  # 24 → 16 first, then the two 16s in turn down to 12
+    assert [cached_len(index, t) - len(system) for t in trajs] == [8, 12, 12]
     check_prefix_closed(index)
 
 
@@ -174,7 +186,7 @@ ops = st.lists(
 )
 
 
-@pytest.mark.parametrize("policy", ["lru", "rr-tail", "rr-tail:1", "rr-tail:3"])
+@pytest.mark.parametrize("policy", ["lru", "rr-tail", "rr-tail:1", "rr-tail:3", "level-tail:2"])
 @pytest.mark.parametrize("slots", [0, 6])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seq=ops)
