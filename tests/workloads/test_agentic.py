@@ -26,10 +26,10 @@ SMALL = AgenticSpec(n_agents=6, calls=4, system_len=32, context_len=96, append_l
                     tool_latency_mean=0.5, seed=3)
 
 
-def run_small(eviction: str, capacity: int = 16_000, model: str = "qwen3-8b", spec=SMALL):
+def run_small(eviction: str, capacity: int = 16_000, model: str = "qwen3-8b", spec=SMALL, slots: int = 512):
     sessions = agentic_sessions(spec)
     cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, block_size=16, state_interval=64,
-                          num_kv_pages=capacity // 16, num_state_slots=512, eviction=eviction)
+                          num_kv_pages=capacity // 16, num_state_slots=slots, eviction=eviction)
     ms = get_spec(model)
     sched = Scheduler(cfg, get_arm("radix"), ms.is_hybrid)
     run = run_sessions(sched, SimExecutor(CostModel(ms, get_gpu("a800"))), sessions,
@@ -79,12 +79,14 @@ def test_closed_loop_next_call_waits_for_the_previous_one():
 
 
 @pytest.mark.parametrize("model", ["qwen3-8b", "qwen3.5-0.8b"])
-@pytest.mark.parametrize("eviction", ["lru", "rr-tail", "rr-tail:1"])
+@pytest.mark.parametrize("eviction", ["lru", "rr-tail", "rr-tail:1", "level-tail"])
 def test_under_pressure_both_policies_keep_the_invariants(model, eviction):
     spec = AgenticSpec(n_agents=8, calls=5, system_len=32, context_len=256, append_len=16, output_len=4,
                        tool_latency_mean=0.3, seed=1)
-    _, run = run_small(eviction, capacity=1600, model=model, spec=spec)
+    # 20 snapshot slots: the hybrid runs evict from both pools.
+    _, run = run_small(eviction, capacity=1600, model=model, spec=spec, slots=20)
     assert len(run.calls) == 40 and run.evicted_tokens > 0
+    assert run.scheduler.index.evicted_snapshots > 0 or model == "qwen3-8b"
     run.scheduler.check_integrity()
     assert run.scheduler.holds_nothing()
 
