@@ -57,6 +57,8 @@ def test_simulate_dispatches_session_workloads(tmp_path, capsys):
             "--cache-capacity", "3000", "--eviction", "rr-tail"]
     assert main(argv) == 0
     assert main(["simulate", "--workload", "agentic", "--eviction", "fifo"]) == 2
+    assert main(["simulate", "--workload", "agentic", "--cache-capacity", "500"]) == 2
+    assert "less than the longest call" in capsys.readouterr().err
     # No --cache-capacity: pools sized from GPU memory, nothing is evicted.
     assert main(["simulate", "--workload", "agentic", "--model", "qwen3.5-0.8b", "--agents", "2", "--calls", "2",
                  "--context-len", "64", "--eviction", "rr-tail"]) == 0

@@ -351,6 +351,10 @@ def simulate_policies(sessions: list[Session], model: str, gpu: str, evictions: 
     cost = CostModel(spec, get_gpu(gpu))
     cap = parse_capacity(capacity, sessions)
     unit, shared = full_prefix_unit(sessions)
+    longest = max((c.prompt_end + c.output_len for s in sessions for c in s.calls), default=0)
+    if cap < longest + block_size:
+        raise ValueError(f"--cache-capacity is {cap:,} tokens, less than the longest call ({longest:,} tokens "
+                         f"with its answer): give at least {longest + block_size:,}")
     rows = []
     for ev in evictions:
         cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
