@@ -90,7 +90,9 @@ def figure3(merged: dict[tuple, ArmMeasures], path: Path) -> dict:
     right.set_ylabel("% of Radix host time")
     right.set_title("cost identity: ΔT_host = round gain − cost drift")
     right.axhline(0, color="black", lw=0.6)
-    right.margins(y=0.1)
+    levels = [0.0, *gains, *(g + d for g, d in zip(gains, drifts))]
+    pad = 0.08 * ((max(levels) - min(levels)) or 1.0)
+    right.set_ylim(min(levels) - pad, max(levels) + pad)  # bar sticky edges would clip the waterfall
     right.legend(fontsize=8)
     fig.savefig(path, dpi=110)
     return data
