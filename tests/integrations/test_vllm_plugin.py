@@ -59,8 +59,9 @@ def test_native_vllm_gives_the_consumer_the_same_hit_one_step_later():
 
 
 def test_a_blocked_consumer_whose_pages_do_not_fit_is_other_and_stops_the_scan(monkeypatch):
-    # r1 waits for r0's state AND needs 3 attention pages when only 3 blocks are left after r0:
-    # that is Other (SPEC §3), so the plugin must stop where vLLM stops, although r2 would fit.
+    # r1 waits for r0's state AND needs more blocks (4 for its chunk, 5 for vLLM's full-sequence gate)
+    # than the 3 left after r0: that is Other (SPEC §3), so the plugin must stop where vLLM stops,
+    # although r2 would fit.
     doc = tuple(range(1, 4 * BS + 1))
     specs = [PromptSpec("r0", doc + (100,) * 5), PromptSpec("r1", doc + tuple(range(200, 260))),
              PromptSpec("r2", tuple(range(300, 310)))]
@@ -75,8 +76,35 @@ def test_a_blocked_consumer_whose_pages_do_not_fit_is_other_and_stops_the_scan(m
     # Proof that the page check decided it: calling r1 Blocked regardless lets r2 in.
     from radixflow.integrations.vllm import scheduler as plugin_scheduler
 
-    monkeypatch.setattr(plugin_scheduler, "pages_fit_without_state", lambda *a, **k: True)
+    monkeypatch.setattr(plugin_scheduler, "fits_once_state_is_published", lambda *a, **k: True)
     assert set(first_rows().num_scheduled_tokens) == {"r0", "r2"}
+
+
+@pytest.mark.parametrize("num_gpu_blocks", range(8, 16))
+def test_the_fit_check_agrees_with_vllms_allocator_once_the_state_is_published(num_gpu_blocks):
+    from radixflow.integrations.vllm.readiness import blocking_state_groups, fits_once_state_is_published
+
+    doc = tuple(range(1, 4 * BS + 1))
+    specs = [PromptSpec("r0", doc + (100,) * 5), PromptSpec("r1", doc + tuple(range(200, 260)))]
+    scheduler = harness.build_scheduler(setup(plugin=False, num_gpu_blocks=num_gpu_blocks))
+    add_all(harness, scheduler, specs, BS)
+    scheduler.schedule()  # r0 admitted; its hashes are in this step's same-step set until the next step
+    consumer = scheduler.requests["r1"]
+    blocks, num_hit, _, _ = scheduler._get_local_prefix_cache_hit(consumer)
+    num_new = scheduler._mamba_block_aligned_split(consumer, consumer.num_tokens - num_hit, num_hit, 0)
+    assert blocking_state_groups(scheduler.kv_cache_manager, blocks.blocks, num_hit)
+    predicted = fits_once_state_is_published(
+        scheduler.kv_cache_manager, consumer, blocks.blocks, num_hit, num_new,
+        num_lookahead_tokens=0, max_model_len=scheduler.max_model_len, has_scheduled_reqs=True,
+        full_sequence_must_fit=scheduler.scheduler_reserve_full_isl,
+    )
+    # vLLM's own answer, on the same state with the producer's state published.
+    scheduler.kv_cache_manager.new_step_starts()
+    allocated = scheduler.kv_cache_manager.allocate_slots(
+        consumer, num_new, num_new_computed_tokens=num_hit, new_computed_blocks=blocks,
+        full_sequence_must_fit=scheduler.scheduler_reserve_full_isl, has_scheduled_reqs=True,
+    )
+    assert predicted == (allocated is not None)
 
 
 def test_full_attention_schedules_identically_with_and_without_the_plugin():

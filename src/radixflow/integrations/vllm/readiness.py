@@ -4,13 +4,14 @@ vLLM reports both the same way: `KVCacheManager.allocate_slots` returns None. Th
 from `MambaManager.get_num_blocks_to_allocate`, which answers "more blocks than the pool has" when the
 last matched Mamba block was registered (`cached_blocks_this_step`) by a request scheduled earlier in
 the same step: its state is only written when that step executes. These helpers read that same
-condition, and check that nothing else (the attention pages, the watermark) would refuse the request,
-so that only a pure same-step dependency is called Blocked.
+condition, and check that nothing else (pages, the watermark) would refuse the request, so that only a
+pure same-step dependency is called Blocked.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -36,7 +37,7 @@ def blocking_state_groups(
     return tuple(blocked)
 
 
-def pages_fit_without_state(
+def fits_once_state_is_published(
     manager: KVCacheManager,
     request: Request,
     hit_blocks: Sequence[Sequence],
@@ -48,17 +49,19 @@ def pages_fit_without_state(
     has_scheduled_reqs: bool,
     full_sequence_must_fit: bool,
 ) -> bool:
-    """Whether every non-state group could take the request now, counted as `allocate_slots` counts.
+    """Whether the pool could take the request now if its matched state were already published.
 
-    Mamba groups are left out: their answer is the same-step sentinel, and asking them for the real
-    count records a prefill checkpoint for the request as a side effect. They need a few blocks per
-    request (the state slot, a checkpoint), far below the attention pages, so leaving them out can at
-    most call a request Blocked that a nearly full pool would also have refused.
+    Counted as `allocate_slots` counts (every group, the watermark, the full-sequence gate), with the
+    same-step hashes hidden from the Mamba managers for the duration of the count. Mamba is asked
+    with `apply_admission_cap=True`, which in align mode changes nothing in the answer and skips the
+    one side effect of the question (recording a prefill checkpoint for the request).
     """
     computed = request.num_computed_tokens + num_hit_tokens
     main_model_tokens = computed + num_new_tokens
     slot_tokens = min(main_model_tokens + num_lookahead_tokens, max_model_len)
     prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+    if manager.coordinator.retention_interval != 0:
+        prefill_end = 0  # as the coordinator does: sparse retention reserves no per-chunk checkpoint
     watermark = 0
     if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
         watermark = manager.watermark_blocks
@@ -67,26 +70,41 @@ def pages_fit_without_state(
     def needed(num_tokens: int, main_tokens: int, admission_cap: bool) -> int:
         total = 0
         for group_id, group_manager in enumerate(manager.coordinator.single_type_managers):
-            if isinstance(group_manager, MambaManager):
-                continue
-            blocks = _blocks_offered(manager, group_id, hit_blocks[group_id], num_hit_tokens)
+            is_state = isinstance(group_manager, MambaManager)
             total += group_manager.get_num_blocks_to_allocate(
                 request.request_id,
                 num_tokens,
-                blocks,
+                _blocks_offered(manager, group_id, hit_blocks[group_id], num_hit_tokens),
                 computed,
                 computed,
                 main_tokens,
-                apply_admission_cap=admission_cap,
+                apply_admission_cap=admission_cap or is_state,
                 prefill_end=prefill_end,
             )
         return total
 
-    if full_sequence_must_fit:
-        full_tokens = min(request.num_tokens, max_model_len)
-        if needed(full_tokens, full_tokens, True) + watermark > free:
-            return False
-    return needed(slot_tokens, main_model_tokens, False) + watermark <= free
+    with _same_step_state_hidden(manager, hit_blocks, num_hit_tokens):
+        if full_sequence_must_fit:
+            full_tokens = min(request.num_tokens, max_model_len)
+            if needed(full_tokens, full_tokens, True) + watermark > free:
+                return False
+        return needed(slot_tokens, main_model_tokens, False) + watermark <= free
+
+
+@contextmanager
+def _same_step_state_hidden(manager: KVCacheManager, hit_blocks: Sequence[Sequence], num_hit_tokens: int):
+    # The scheduler is single-threaded and the hashes go back before anyone else can look.
+    hidden = []
+    for group_id in blocking_state_groups(manager, hit_blocks, num_hit_tokens):
+        group_manager = manager.coordinator.single_type_managers[group_id]
+        block_hash = _blocks_offered(manager, group_id, hit_blocks[group_id], num_hit_tokens)[-1].block_hash
+        group_manager.cached_blocks_this_step.discard(block_hash)
+        hidden.append((group_manager, block_hash))
+    try:
+        yield
+    finally:
+        for group_manager, block_hash in hidden:
+            group_manager.cached_blocks_this_step.add(block_hash)
 
 
 def _blocks_offered(

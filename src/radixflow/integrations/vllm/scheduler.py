@@ -27,7 +27,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from radixflow.integrations.vllm.readiness import blocking_state_groups, pages_fit_without_state
+from radixflow.integrations.vllm.readiness import blocking_state_groups, fits_once_state_is_published
 
 logger = init_logger(__name__)
 
@@ -105,7 +105,7 @@ class StateReadyMixin:
             return False
         # Blocked means the same-step state is the ONLY obstacle; a request the pool could not take
         # anyway is Other, and vLLM's allocate_slots must see it and stop the scan.
-        return pages_fit_without_state(
+        return fits_once_state_is_published(
             self.kv_cache_manager,
             request,
             hit_blocks,
