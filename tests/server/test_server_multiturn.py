@@ -38,9 +38,9 @@ def test_five_turns_full_attention_block_size_1(dense_server):
 
 
 def test_five_turns_hybrid(hybrid_server):
-    """tiny-qwen3.5, --block-size 16, --state-interval 64: a hit needs a state snapshot, and a decoded
-    turn leaves snapshots only at interval boundaries (its end, 429 + 230k, is not page-aligned), so
-    each hit rounds down to a multiple of 64: 0, 384, 640, 832, 1088."""
+    """tiny-qwen3.5, --block-size 16, --state-interval 64: a hit needs a state snapshot; a finished turn
+    leaves one at the last page boundary it passed (its end, 429 + 230k, is not page-aligned), so each
+    hit rounds down to a multiple of 16: 0, 416, 656, 880, 1104."""
     lengths, cached = converse(hybrid_server, "multiturn-hybrid")
     assert lengths == [280, 510, 740, 970, 1200]
-    assert cached == [0, 384, 640, 832, 1088]
+    assert cached == [0, 416, 656, 880, 1104]

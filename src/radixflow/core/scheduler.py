@@ -394,14 +394,14 @@ class Scheduler:
                 snap = self.index.attach_snapshot(node, slot, b.uid, now)
                 snap.level = tr.level
                 out.append((depth - start, slot))
-            # End-of-branch snapshot: only for a row that will finish the branch by length, so the
-            # extra slot is held for one round and then becomes a cached snapshot. (A branch that
-            # stops on a token leaves its working state as the end snapshot when page-aligned.)
+            # End-of-branch snapshot: once past the prompt's last chunk, the state at the last page
+            # boundary passed is kept in one extra slot; at finish it becomes the branch's end
+            # snapshot (a 1-token branch holds that slot for one round only).
             page_end = end // self.block_size * self.block_size
-            finishing = end == b.num_tokens and len(b.output) + 1 >= b.max_new_tokens
-            if finishing and page_end > start and page_end % self.interval and page_end != end:
-                if self._ensure_slots(1):
+            if end >= b.prompt_len and page_end > start and page_end % self.interval:
+                if tr.rolling is None and self._ensure_slots(1):
                     tr.rolling = self.slots.allocate_one()
+                if tr.rolling is not None:
                     out.append((page_end - start, tr.rolling))
                     tr.rolling_depth = page_end
         out.append((end - start, tr.working))
@@ -426,10 +426,6 @@ class Scheduler:
 
     def _release(self, b: Branch, keep_end_snapshot: bool, now: float = 0.0) -> None:
         tr: _Track = b.sched
-        if keep_end_snapshot and tr.working is not None and self.config.enable_prefix_caching:
-            c = b.num_computed_tokens
-            if c % self.block_size == 0 and c % self.interval and c > tr.rolling_depth:
-                tr.rolling, tr.working, tr.rolling_depth = tr.working, tr.rolling, c
         if tr.rolling is not None:
             if keep_end_snapshot and self._attach_end_snapshot(b):
                 tr.rolling = None
