@@ -29,7 +29,7 @@ EOS_ID, PAD_ID = 258, 256  # <|im_end|>, <|endoftext|> in the byte-level tokeniz
 _COMMON: dict[str, Any] = {"vocab_size": VOCAB, "hidden_size": 128, "eos_token_id": EOS_ID,
                            "pad_token_id": PAD_ID, "tie_word_embeddings": False, "dtype": "float32",
                            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
-_CONFIGS: dict[str, dict[str, Any]] = {
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "tiny-qwen3.5": {
         **_COMMON, "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"],
         "num_hidden_layers": 8, "intermediate_size": 384, "rms_norm_eps": 1e-6,
@@ -72,7 +72,7 @@ def resolve_model(name_or_path: str | Path) -> Path:
 
 def ensure_tiny_model(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> Path:
     """Directory of tiny model `name` for `seed`, writing it atomically the first time."""
-    if name not in _CONFIGS:
+    if name not in TINY_CONFIGS:
         raise ValueError(f"unknown tiny model {name!r}; choose one of {', '.join(TINY_MODELS)}")
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = root / (name if seed == 0 else f"{name}-seed{seed}")
@@ -93,7 +93,7 @@ def ensure_tiny_model(name: str, cache_dir: str | Path | None = None, seed: int 
 
 def write_tiny_model(name: str, directory: Path, seed: int) -> None:
     """Write config, weights and tokenizer of tiny model `name` into an existing directory."""
-    config = _CONFIGS[name]
+    config = TINY_CONFIGS[name]
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     save_file(random_weights(config, seed), str(directory / "model.safetensors"), metadata={"format": "pt"})
     save_byte_tokenizer(directory)

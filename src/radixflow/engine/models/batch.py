@@ -13,6 +13,7 @@ from functools import cached_property
 import torch
 
 from .cache import RowInput
+from .chunk_plan import ChunkPlan, build_chunk_plan
 
 
 def validate_rows(rows: list[RowInput], block_size: int, num_pages: int, num_slots: int,
@@ -46,32 +47,6 @@ def _validate_states(i: int, r: RowInput, n: int, num_slots: int) -> None:
             raise ValueError(f"row {i}: state_out point {k} outside [1, {n}]")
         if not 0 <= slot < num_slots:
             raise ValueError(f"row {i}: state_out slot {slot} outside [0, {num_slots})")
-
-
-@dataclass
-class ChunkPlan:
-    """Flat chunk layout of the multi-token rows for a chunked linear scan.
-
-    Each row is cut into segments at its state_out points and every segment is zero-padded to a
-    multiple of `chunk`; zero padding leaves a gated-delta or SSD state untouched, so the state
-    after the last chunk of a segment is exactly the state after that many tokens. All chunks of
-    all rows are stacked (`gather` picks packed tokens, `num_tokens` meaning "zero row").
-    """
-
-    rows: list[int]                 # batch row indices of the multi-token rows (local row r = rows[r])
-    chunk: int
-    gather: torch.Tensor            # [M * chunk] packed token index or the zero-row index
-    token_index: torch.Tensor       # [Np] packed indices of these rows' tokens
-    flat_index: torch.Tensor        # [Np] where each of those tokens sits in the [M * chunk] layout
-    # per scan step: (active local rows, None meaning all; chunk ids)
-    steps: list[tuple[torch.Tensor | None, torch.Tensor]]
-    captures: dict[int, tuple[torch.Tensor, torch.Tensor]]  # step -> (local rows, slots) to save after it
-
-    def to_chunks(self, x: torch.Tensor) -> torch.Tensor:
-        """Packed [N, H, ...] -> [M, H, chunk, ...]; padding reads a zero row appended at index N."""
-        ext = torch.cat((x, x.new_zeros((1, *x.shape[1:]))))
-        y = ext[self.gather].view(-1, self.chunk, *x.shape[1:])
-        return y.transpose(1, 2).contiguous()
 
 
 @dataclass
@@ -195,51 +170,5 @@ class BatchContext:
         return self._chunk_plans[chunk]
 
     def _build_chunk_plan(self, chunk: int) -> ChunkPlan:
-        gather: list[int] = []
-        token_index: list[int] = []
-        flat_index: list[int] = []
-        row_chunks: list[list[int]] = []           # chunk ids of each local row, in scan order
-        capture_steps: dict[int, list[tuple[int, int]]] = {}
-        for local, i in enumerate(self.prefill_rows):
-            ids = self._add_row_chunks(i, chunk, gather, token_index, flat_index, local, capture_steps)
-            row_chunks.append(ids)
-        steps = self._scan_steps(row_chunks)
-        captures = {s: (self._t([p[0] for p in v]), self._t([p[1] for p in v]))
-                    for s, v in capture_steps.items()}
-        return ChunkPlan(self.prefill_rows, chunk, self._t(gather), self._t(token_index),
-                         self._t(flat_index), steps, captures)
-
-    def _add_row_chunks(self, i: int, chunk: int, gather: list[int], token_index: list[int],
-                        flat_index: list[int], local: int,
-                        capture_steps: dict[int, list[tuple[int, int]]]) -> list[int]:
-        r, n, off = self.rows[i], self.lengths[i], self.offsets[i]
-        cuts = sorted({k for k, _ in r.state_out} | {n})
-        slots_at: dict[int, list[int]] = {}
-        for k, slot in r.state_out:
-            slots_at.setdefault(k, []).append(slot)
-        ids: list[int] = []
-        prev = 0
-        for cut in cuts:
-            seg = cut - prev
-            padded = -(-seg // chunk) * chunk
-            first = len(gather) // chunk
-            for j in range(padded):
-                if j < seg:
-                    token_index.append(off + prev + j)
-                    flat_index.append(len(gather))
-                    gather.append(off + prev + j)
-                else:
-                    gather.append(self.num_tokens)  # the appended zero row
-            ids.extend(range(first, len(gather) // chunk))
-            for slot in slots_at.get(cut, []):
-                capture_steps.setdefault(len(ids) - 1, []).append((local, slot))
-            prev = cut
-        return ids
-
-    def _scan_steps(self, row_chunks: list[list[int]]) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
-        steps = []
-        for s in range(max((len(c) for c in row_chunks), default=0)):
-            active = [r for r, c in enumerate(row_chunks) if len(c) > s]
-            chunk_ids = self._t([row_chunks[r][s] for r in active])
-            steps.append((None if len(active) == len(row_chunks) else self._t(active), chunk_ids))
-        return steps
+        rows = [(i, self.offsets[i], self.lengths[i], self.rows[i].state_out) for i in self.prefill_rows]
+        return build_chunk_plan(rows, chunk, self.num_tokens, self.device)

@@ -1,6 +1,6 @@
 """Depthwise causal conv1d over packed rows, each continuing from its saved input window.
 
-The rows are laid out flat as `[saved K-1 inputs, tokens]` per row and convolved in ONE call
+The rows are laid out flat as `[saved K-1 inputs, tokens]` per row and convolved in one pass
 without padding: a token's window never reaches past its own row's saved inputs, and the outputs
 that straddle two rows are simply never read. The window after n tokens (a state snapshot) is a
 slice of the same flat tensor.
@@ -29,8 +29,15 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     flat = x.new_empty(plan.total, x.shape[1])
     flat[plan.state_pos] = init.transpose(1, 2).reshape(-1, x.shape[1]).to(x.dtype)
     flat[plan.token_pos] = x
-    y = F.conv1d(flat.t()[None], weight.to(x.dtype), bias, groups=x.shape[1])[0]  # [C, total-K+1]
-    # output j covers inputs [j, j+K-1], i.e. the token at flat position j + K - 1
-    out = y[:, plan.token_pos - plan.width].t()
+    # K shifted multiply-adds on the token-major layout: no transposes, no strided gathers
+    w = weight[:, 0, :].to(x.dtype)                            # [C, K]
+    span = plan.total - plan.width
+    y = flat[:span] * w[:, 0]
+    for j in range(1, kernel):
+        y.addcmul_(flat[j:j + span], w[:, j])
+    if bias is not None:
+        y += bias
+    # y[j] covers inputs [j, j + K - 1], i.e. ends at the token at flat position j + K - 1
+    out = y[plan.token_pos - plan.width]
     save_states(pool, plan.capture_slots, flat[plan.capture_pos].transpose(1, 2))
     return F.silu(out)

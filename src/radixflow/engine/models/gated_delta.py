@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from .batch import BatchContext, ChunkPlan
+from .batch import BatchContext
 from .cache import ModelCache
+from .chunk_plan import ChunkPlan
 from .states import initial_states, save_states
 
 
@@ -48,24 +49,23 @@ def _decode(args: list[torch.Tensor], init: torch.Tensor, batch: BatchContext, p
 
 def _prefill(args: list[torch.Tensor], init: torch.Tensor, plan: ChunkPlan, pool: torch.Tensor,
              out: torch.Tensor) -> None:
-    q, k, v, g, beta = (plan.to_chunks(t) for t in args)  # [M, H, C, ...]
+    # one gather for all five inputs: [N, H, dk + dk + dv + 2] -> [M, H, C, ...]
+    dk, dv = args[0].shape[-1], args[2].shape[-1]
+    packed = plan.to_chunks(torch.cat((*args[:3], args[3][..., None], args[4][..., None]), dim=-1))
+    q, k, v, g, beta = packed.split([dk, dk, dv, 1, 1], dim=-1)
+    g, beta = g[..., 0], beta[..., 0]
     pre = _intra_chunk(q, k, v, g, beta)
     rows = torch.tensor(plan.rows, dtype=torch.long, device=q.device)
     state = init[rows]
     o = torch.empty_like(v)
-    for step, (active, ids) in enumerate(plan.steps):
-        s = state if active is None else state[active]
-        o[ids], s = _scan_chunk(s, *(t[ids] for t in pre))
-        if active is None:
-            state = s
-        else:
-            state[active] = s
+    for step, (first, n) in enumerate(plan.steps):
+        # active rows are local 0..n-1 and their chunks first..first+n-1: views, no gathers
+        o[first:first + n], state[:n] = _scan_chunk(state[:n], *(t[first:first + n] for t in pre))
         if step in plan.captures:
             local, slots = plan.captures[step]
             save_states(pool, slots, state[local])
     flat = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[-1])      # [M*C, H, dv]
     out[plan.token_index] = flat[plan.flat_index]
-
 
 
 def _intra_chunk(q, k, v, g, beta):
@@ -74,10 +74,11 @@ def _intra_chunk(q, k, v, g, beta):
     cum = g.cumsum(-1)                                                    # [M, H, C]
     lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
     gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
-    a = ((k @ k.transpose(-1, -2)) * gamma * beta[..., :, None]).tril(-1)
-    eye = torch.eye(c, dtype=q.dtype, device=q.device)
+    # only the strictly lower triangle of `a` is read: upper=False ignores what is above the
+    # diagonal and unitriangular=True takes the diagonal as 1, which is exactly (I + A)
+    a = (k @ k.transpose(-1, -2)) * gamma * beta[..., :, None]
     rhs = torch.cat((v * beta[..., None], k * (beta * cum.exp())[..., None]), dim=-1)
-    sol = torch.linalg.solve_triangular(a + eye, rhs, upper=False, unitriangular=True)
+    sol = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
     u, w = sol[..., :v.shape[-1]], sol[..., v.shape[-1]:]
     qk = (q @ k.transpose(-1, -2)) * gamma
     q_dec = q * cum.exp()[..., None]

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from .batch import BatchContext, ChunkPlan
+from .batch import BatchContext
 from .cache import ModelCache
+from .chunk_plan import ChunkPlan
 from .states import initial_states, save_states
 
 
@@ -48,21 +49,21 @@ def _decode(args, init, batch: BatchContext, pool, out, groups: int) -> None:
 
 
 def _prefill(args, init, plan: ChunkPlan, pool, out, groups: int) -> None:
-    xdt, decay, b, c = (plan.to_chunks(t) for t in args)  # [M, H|G, C, ...]
+    xdt, decay, b, c = args
+    # two gathers instead of four: per-head inputs together, per-group inputs together
+    heads_in = plan.to_chunks(torch.cat((xdt, decay[..., None]), dim=-1))   # [M, H, C, P + 1]
+    xdt, decay = heads_in[..., :-1], heads_in[..., -1]
+    b, c = plan.to_chunks(torch.cat((b, c), dim=-1)).chunk(2, dim=-1)        # [M, G, C, S] each
     m, heads, clen, p = xdt.shape
-    xdt = xdt.view(m, groups, heads // groups, clen, p)
-    decay = decay.view(m, groups, heads // groups, clen)
+    xdt = xdt.reshape(m, groups, heads // groups, clen, p)
+    decay = decay.reshape(m, groups, heads // groups, clen)
     pre = _intra_chunk(xdt, decay, b, c)
     rows = torch.tensor(plan.rows, dtype=torch.long, device=xdt.device)
     state = init[rows].view(len(plan.rows), groups, heads // groups, p, -1)
     y = torch.empty_like(xdt)
-    for step, (active, ids) in enumerate(plan.steps):
-        s = state if active is None else state[active]
-        y[ids], s = _scan_chunk(s, *(t[ids] for t in pre))
-        if active is None:
-            state = s
-        else:
-            state[active] = s
+    for step, (first, n) in enumerate(plan.steps):
+        # active rows are local 0..n-1 and their chunks first..first+n-1: views, no gathers
+        y[first:first + n], state[:n] = _scan_chunk(state[:n], *(t[first:first + n] for t in pre))
         if step in plan.captures:
             local, slots = plan.captures[step]
             save_states(pool, slots, state[local].flatten(1, 2))
