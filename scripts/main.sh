@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The main job from a fresh clone: install, then compare the arms.
+# The main job from a fresh clone: install, then compare prefix-stop (radix) with state-ready traversal
+# (radixflow) on the real PyTorch engine (tiny-qwen3.5, random weights, CPU) over an overloaded
+# multi-candidate trace. Extra arguments go to `radixflow bench`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-.venv/bin/radixflow simulate --model qwen3.5-27b --policy radix,radix+flex,radixflow --questions 300 "$@"
+bash scripts/setup.sh --no-vllm
+mkdir -p runs
+.venv/bin/radixflow bench --model tiny-qwen3.5 --policy radix,radixflow --questions 32 \
+    --json runs/bench-tiny-qwen3.5.json "$@"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv and installs radixflow with its test dependencies (idempotent, offline-friendly).
+# Creates .venv and installs radixflow with its test dependencies (idempotent); --no-vllm skips vLLM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -14,4 +14,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 # vLLM 0.33.0 (no deps, CPU torch kept) for the plugin's tests against vLLM's own scheduler.
-bash scripts/install_vllm.sh .venv/bin/python
+if [ "${1:-}" != "--no-vllm" ]; then
+  bash scripts/install_vllm.sh .venv/bin/python
+fi
