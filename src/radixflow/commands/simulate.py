@@ -27,8 +27,9 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default="qwen3.5-0.8b", help="preset name or a directory with config.json")
     p.add_argument("--gpu", default="a800", help=f"one of {', '.join(GPUS)}")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
-    p.add_argument("--state-memory-fraction", type=float, default=0.5,
-                   help="hybrid models: share of the cache memory for state slots")
+    p.add_argument("--state-memory-fraction", type=float, default=None,
+                   help="hybrid models: a fixed share of the cache memory for state slots "
+                        "(default: one unified pool that pages and slots share, as vLLM's hybrid allocator)")
     add_workload_flags(p)
     add_scheduler_flags(p)
     p.add_argument("--check", action="store_true", help="check_integrity() after every round (slow)")
