@@ -28,7 +28,7 @@ def positive_int(s: str) -> int:
 def add_workload_flags(p: argparse.ArgumentParser, default_rate: float | None = None) -> None:
     p.add_argument("--policy", default="radix,radixflow", help="comma list of arms, or 'all'")
     p.add_argument("--workload", default="multi-candidate",
-                   help="multi-candidate | figure1 | a .jsonl trace path")
+                   help="multi-candidate | figure1 | agentic | multi-turn | a .jsonl trace path")
     p.add_argument("--stream", default="all", choices=[*STREAMS, "all"])
     p.add_argument("--order", default="both", choices=[*ORDERS, "both"])
     p.add_argument("--questions", type=positive_int, default=None, help="questions per stream (default: all 1,551)")
