@@ -294,6 +294,15 @@ def divergences(merged: dict[tuple, ArmMeasures]) -> list[Divergence]:
                 ref = ref * x.requests / PAPER_REQUESTS
             if ref and abs(ours / ref - 1) > DIVERGENCE:
                 out.append(Divergence(m, a, name, float(ours), float(ref)))
+        base, pbase = merged.get((m, "radix")), paper.arm(m, "radix")
+        if a == "radix" or base is None or pbase is None:
+            continue
+        # The effect itself: reductions vs Radix, in % (skipped where the paper's reduction is 0).
+        for name in ("rounds", "latency_mean"):
+            ref = _reduction(getattr(pbase, name), getattr(p, name))
+            ours = _reduction(getattr(base, name), getattr(x, name))
+            if ref and ours is not None and not math.isnan(ours) and abs(ours / ref - 1) > DIVERGENCE:
+                out.append(Divergence(m, a, f"{name} reduction vs radix %", ours, ref))
     return out
 
 
