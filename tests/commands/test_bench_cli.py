@@ -1,0 +1,45 @@
+"""`radixflow bench` on the real engine: a small overloaded multi-candidate trace."""
+
+import json
+
+import pytest
+import torch
+
+from radixflow.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def _bench(tmp_path, model, policy):
+    # --state-interval 16 (= one page): every shared prefix holds a boundary, so a sibling is Blocked
+    # on its producer under both rules. With a coarser interval, a document shorter than the interval
+    # has no boundary, siblings may start cold in the producer's round, and only a sibling scanned
+    # after the producer finished finds its end-of-branch snapshot: reuse then depends on timing.
+    out = tmp_path / f"{model}.json"
+    assert main(["bench", "--model", model, "--policy", policy, "--questions", "16", "--article-scale", "0.04",
+                 "--stream", "cold", "--order", "forward", "--rate", "200", "--max-num-batched-tokens", "2048",
+                 "--kv-cache-memory", "64MiB", "--max-model-len", "1024", "--state-interval", "16",
+                 "--json", str(out)]) == 0
+    return {a["policy"]: a for a in json.loads(out.read_text())["arms"]}
+
+
+def test_hybrid_bench_fewer_rounds_same_reuse_same_tokens(tmp_path):
+    arms = _bench(tmp_path, "tiny-qwen3.5", "radix,radixflow")
+    a, b = arms["radix"], arms["radixflow"]
+    assert b["rounds"] < a["rounds"]
+    assert abs(a["reuse_rate"] - b["reuse_rate"]) <= 0.03
+    assert b["first_token_agreement"] >= 99.0
+    ci = b["cost_identity"]
+    assert ci["delta_host"] == pytest.approx(ci["round_gain"] - ci["cost_drift"], abs=1e-9)
+    assert a["host_time"] > 0 and b["blocked_deferrals"] > 0
+
+
+def test_full_attention_traversal_changes_nothing_beyond_admission(tmp_path):
+    arms = _bench(tmp_path, "tiny-qwen3", "radix+flex,radixflow")
+    a, b = arms["radix+flex"], arms["radixflow"]
+    assert a["blocked_deferrals"] == b["blocked_deferrals"] == 0
+    assert (a["rounds"], a["fragments"], a["tokens"]) == (b["rounds"], b["fragments"], b["tokens"])
+    assert b["first_token_agreement"] == 100.0
