@@ -9,7 +9,8 @@ from radixflow.core.branch import Branch, group_requests
 from radixflow.core.loop import RunResult
 
 
-def _pct(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile q in [0, 1]; NaN for no values."""
     if not values:
         return float("nan")
     v = sorted(values)
@@ -18,7 +19,8 @@ def _pct(values: list[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
-def _mean(values: list[float]) -> float:
+def mean(values) -> float:
+    values = list(values)
     return sum(values) / len(values) if values else float("nan")
 
 
@@ -74,8 +76,8 @@ def measure(policy: str, run: RunResult) -> ArmMeasures:
         policy=policy, rounds=k, fragments=frags, tokens=tokens,
         rows_per_round=frags / k if k else 0.0, tokens_per_round=tokens / k if k else 0.0,
         empty_slots=S * k - frags, reuse_rate=100.0 * cached / prompt if prompt else 0.0,
-        latency_mean=_mean(lat), latency_p50=_pct(lat, 0.5), latency_p95=_pct(lat, 0.95),
-        first_selection_wait_mean=_mean(waits), host_time=host, cost_per_round=host / k if k else 0.0,
+        latency_mean=mean(lat), latency_p50=percentile(lat, 0.5), latency_p95=percentile(lat, 0.95),
+        first_selection_wait_mean=mean(waits), host_time=host, cost_per_round=host / k if k else 0.0,
         host_ms_per_1k_tokens=1e6 * host / tokens if tokens else 0.0,
         blocked_deferrals=s.blocked_total, preemptions=s.preemptions,
         requests=len(group_requests(branches)), branches=len(branches), prompt_tokens=prompt,

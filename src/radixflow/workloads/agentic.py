@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from radixflow.core.batch import Batch, ExecResult, Sample
 from radixflow.core.branch import Branch
+from radixflow.core.metrics import mean, percentile
 from radixflow.core.scheduler import Scheduler
 from radixflow.workloads.trace import segment_tokens
 
@@ -212,20 +213,6 @@ def agentic_sessions(spec: AgenticSpec) -> list[Session]:
 
 
 # ----------------------------------------------------------------------------- measures
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    k = (len(v) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else float("nan")
-
-
 @dataclass
 class EvictionMeasures:
     eviction: str
@@ -255,15 +242,15 @@ def measure_sessions(name: str, run: SessionRun) -> EvictionMeasures:
     kept = [k for k in (c.kept_fraction for c in calls) if k is not None]
     back = [c for c in calls if c.prev_cached is not None]
     return EvictionMeasures(
-        eviction=name, calls=len(calls), ttft_mean=_mean(ttft), ttft_p50=_pct(ttft, 0.5),
-        ttft_p99=_pct(ttft, 0.99), uncached_mean=_mean(unc), uncached_p99=_pct(unc, 0.99),
+        eviction=name, calls=len(calls), ttft_mean=mean(ttft), ttft_p50=percentile(ttft, 0.5),
+        ttft_p99=percentile(ttft, 0.99), uncached_mean=mean(unc), uncached_p99=percentile(unc, 0.99),
         hit_rate=100.0 * sum(c.cached for c in calls) / prompt if prompt else 0.0,
-        evicted_tokens=run.evicted_tokens, kept_mean=_mean(kept),
-        kept_all_or_nothing=_mean(1.0 if k < 0.05 or k > 0.95 else 0.0 for k in kept),
+        evicted_tokens=run.evicted_tokens, kept_mean=mean(kept),
+        kept_all_or_nothing=mean(1.0 if k < 0.05 or k > 0.95 else 0.0 for k in kept),
         makespan=run.makespan,
-        returning_ttft_mean=_mean(c.ttft for c in back), returning_ttft_p99=_pct([c.ttft for c in back], 0.99),
-        returning_uncached_mean=_mean(c.uncached for c in back),
-        returning_uncached_p99=_pct([c.uncached for c in back], 0.99))
+        returning_ttft_mean=mean(c.ttft for c in back), returning_ttft_p99=percentile([c.ttft for c in back], 0.99),
+        returning_uncached_mean=mean(c.uncached for c in back),
+        returning_uncached_p99=percentile([c.uncached for c in back], 0.99))
 
 
 @dataclass
@@ -308,12 +295,12 @@ def steady_state(run: SessionRun, capacity_tokens: int,
                 idle += max(0.0, min(cs[i + 1].arrival, t1) - max(c.finished, t0))
     inside = [c for c in run.calls if t0 <= c.arrival <= t1]
     shared = inside[0].shared_len if inside else 0
-    unit = _mean(c.prompt_len + c.output_len - shared for c in inside)
+    unit = mean(c.prompt_len + c.output_len - shared for c in inside)
     m = (capacity_tokens - shared) / unit if inside else float("nan")
     n_a, n_i = active / span, idle / span
     kept = [k for k in (c.kept_fraction for c in inside) if k is not None]
     return SteadyState(n_a, n_i, m, min(1.0, max(0.0, (m - n_a) / n_i)) if n_i else float("nan"),
-                       _mean(kept), len(kept))
+                       mean(kept), len(kept))
 
 
 # ----------------------------------------------------------------------------- running policies
