@@ -116,8 +116,11 @@ class BatchContext:
         r, n = self.rows[i], self.lengths[i]
         if n == 1 or r.start == 0:
             return None
-        q_pos = torch.arange(r.start, r.start + n, device=self.device)
-        return torch.arange(r.start + n, device=self.device)[None, :] <= q_pos[:, None]
+        key = f"mask{i}"
+        if key not in self.extras:
+            q_pos = torch.arange(r.start, r.start + n, device=self.device)
+            self.extras[key] = torch.arange(r.start + n, device=self.device)[None, :] <= q_pos[:, None]
+        return self.extras[key]  # type: ignore[return-value]
 
     # ---- linear layers ---------------------------------------------------------------------
     @cached_property
@@ -134,6 +137,10 @@ class BatchContext:
     @cached_property
     def prefill_rows(self) -> list[int]:
         return [i for i, n in enumerate(self.lengths) if n > 1]
+
+    @cached_property
+    def decode_row_index(self) -> torch.Tensor:
+        return self._t(self.decode_rows)
 
     @cached_property
     def decode_token_index(self) -> torch.Tensor:

@@ -26,18 +26,19 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     plan = batch.conv_plan(kernel)
     pool = cache.conv[layer]
     init = initial_states(pool, batch)                        # [R, C, K-1]
-    flat = x.new_empty(plan.total, x.shape[1])
-    flat[plan.state_pos] = init.transpose(1, 2).reshape(-1, x.shape[1]).to(x.dtype)
-    flat[plan.token_pos] = x
+    # fp32 whatever the model dtype: a bf16 running sum over K taps loses the small taps
+    flat = x.new_empty(plan.total, x.shape[1], dtype=torch.float32)
+    flat[plan.state_pos] = init.transpose(1, 2).reshape(-1, x.shape[1]).float()
+    flat[plan.token_pos] = x.float()
     # K shifted multiply-adds on the token-major layout: no transposes, no strided gathers
-    w = weight[:, 0, :].to(x.dtype)                            # [C, K]
+    w = weight[:, 0, :].float()                                # [C, K]
     span = plan.total - plan.width
     y = flat[:span] * w[:, 0]
     for j in range(1, kernel):
         y.addcmul_(flat[j:j + span], w[:, j])
     if bias is not None:
-        y += bias
+        y += bias.float()
     # y[j] covers inputs [j, j + K - 1], i.e. ends at the token at flat position j + K - 1
     out = y[plan.token_pos - plan.width]
     save_states(pool, plan.capture_slots, flat[plan.capture_pos].transpose(1, 2))
-    return F.silu(out)
+    return F.silu(out).to(x.dtype)

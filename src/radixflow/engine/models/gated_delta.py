@@ -38,7 +38,7 @@ def _decode(args: list[torch.Tensor], init: torch.Tensor, batch: BatchContext, p
     """One token per row: the recurrence itself, batched over the decode rows."""
     idx = batch.decode_token_index
     q, k, v, g, beta = (t[idx] for t in args)
-    rows = torch.tensor(batch.decode_rows, dtype=torch.long, device=idx.device)
+    rows = batch.decode_row_index
     s = init[rows] * g.exp()[..., None, None]
     u = beta[..., None] * (v - torch.einsum("rhk,rhkv->rhv", k, s))
     s = s + k[..., :, None] * u[..., None, :]

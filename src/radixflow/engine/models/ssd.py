@@ -41,7 +41,7 @@ def _decode(args, init, batch: BatchContext, pool, out, groups: int) -> None:
     heads = xdt.shape[1]
     group_of_head = torch.arange(heads, device=idx.device) // (heads // groups)
     bh, ch = b[:, group_of_head], c[:, group_of_head]               # [R, H, S]
-    rows = torch.tensor(batch.decode_rows, dtype=torch.long, device=idx.device)
+    rows = batch.decode_row_index
     s = init[rows] * decay.exp()[..., None, None] + xdt[..., :, None] * bh[:, :, None, :]
     out[idx] = (s @ ch[..., None])[..., 0]
     local, slots = batch.decode_captures

@@ -11,14 +11,11 @@ import torch
 from .batch import BatchContext
 
 
-def initial_states(pool: torch.Tensor, batch: BatchContext, rows: list[int] | None = None) -> torch.Tensor:
+def initial_states(pool: torch.Tensor, batch: BatchContext) -> torch.Tensor:
     """[R, ...] copy of each row's `state_in` slot from `pool` (zeros for rows with no state_in)."""
     slots, zero = batch.state_in_index
-    if rows is not None:
-        sel = torch.tensor(rows, dtype=torch.long, device=slots.device)
-        slots, zero = slots[sel], zero[sel]
     out = pool.index_select(0, slots)
-    if bool(zero.any()):
+    if any(r.state_in is None for r in batch.rows):  # decided on the host: no device sync
         out[zero] = 0
     return out
 
