@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 from radixflow.workloads.qa import Question
+from radixflow.workloads.trace import read_jsonl
 
 WORDS_TO_TOKENS = 1.3
 
@@ -41,14 +42,11 @@ def _counter(tokenizer_json: str | None):
 
 def _quality(path: Path, count) -> list[Question]:
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    for n, rec in read_jsonl(path, DatasetError):
         try:
-            rec = json.loads(line)
             aid, article, qs = rec["article_id"], rec["article"], rec["questions"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise DatasetError(f"{path}:{n}: not a QuALITY record ({e})") from None
+        except (KeyError, TypeError) as e:
+            raise DatasetError(f"{path}:{n}: not a QuALITY record (missing {e})") from None
         alen = count(article)
         for j, q in enumerate(qs):
             opts = q.get("options") or []

@@ -85,19 +85,22 @@ def branch_from_record(rec: dict, where: str = "trace", vocab: int = SEGMENT_VOC
                   arrival=float(arrival), max_new_tokens=mnt)
 
 
-def load_trace(path: str | Path, vocab: int = SEGMENT_VOCAB) -> list[Branch]:
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"trace file {path} does not exist")
-    out = []
+def read_jsonl(path: Path, error: type[ValueError] = ValueError):
+    """(line number, record) for every non-blank line; `error` names the file and line of bad JSON."""
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            yield n, json.loads(line)
         except json.JSONDecodeError as e:
-            raise TraceError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        out.append(branch_from_record(rec, f"{path}:{n}", vocab))
+            raise error(f"{path}:{n}: not valid JSON ({e.msg})") from None
+
+
+def load_trace(path: str | Path, vocab: int = SEGMENT_VOCAB) -> list[Branch]:
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"trace file {path} does not exist")
+    out = [branch_from_record(rec, f"{path}:{n}", vocab) for n, rec in read_jsonl(path, TraceError)]
     if not out:
         raise TraceError(f"{path}: no branches")
     seen = set()
