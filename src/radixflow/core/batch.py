@@ -28,7 +28,6 @@ class Fragment:
     state_out: list[tuple[int, int]] = field(default_factory=list)  # (n tokens in, slot) captures
     samples: bool = False  # the row's last position produces the branch's next token
     first: bool = False  # first fragment of the branch since it was (re)started
-    producer_uid: int | None = None  # for dependency depth: branch whose snapshot this row resumed from
 
     @property
     def end(self) -> int:

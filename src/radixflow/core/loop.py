@@ -7,7 +7,7 @@ idle gaps to the next arrival or admission deadline. The scheduler itself never 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from radixflow.core.batch import Batch, ExecResult
@@ -24,8 +24,6 @@ class RunResult:
     scheduler: Scheduler
     branches: list[Branch]
     makespan: float
-    round_hook_calls: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def run_trace(scheduler: Scheduler, executor: Executor, branches: list[Branch],
@@ -36,7 +34,6 @@ def run_trace(scheduler: Scheduler, executor: Executor, branches: list[Branch],
     now = order[0].arrival if order else 0.0
     i = 0
     done = 0
-    calls = 0
     while i < len(order) or scheduler.has_unfinished:
         while i < len(order) and order[i].arrival <= now + 1e-12:
             scheduler.add(order[i])
@@ -56,8 +53,7 @@ def run_trace(scheduler: Scheduler, executor: Executor, branches: list[Branch],
         finished = scheduler.complete(batch, result, now)
         if on_round is not None:
             on_round(scheduler, batch)
-            calls += 1
         if progress is not None and finished:
             done += len(finished)
             progress(len(finished))
-    return RunResult(scheduler, list(branches), now, calls)
+    return RunResult(scheduler, list(branches), now)

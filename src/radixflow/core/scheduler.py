@@ -30,7 +30,6 @@ class _Track:
     rolling_depth: int = 0
     read_snapshot: Snapshot | None = None  # locked for the round that restores from it
     level: int = 0  # dependency depth of the branch's last fragment
-    start_order: int = 0
 
 
 class _Plan(NamedTuple):
@@ -74,7 +73,6 @@ class Scheduler:
         self.preemptions = 0
         self.max_level = 0  # dependency depth D of the fragments placed so far
         self._next_uid = 0
-        self._next_start = 0
         self._deadline: float | None = None
 
     # ================================================================== public API
@@ -320,8 +318,6 @@ class Scheduler:
             b.cached_tokens = start
             b.identity_hit = plan.match.depth
         b.state = BranchState.RUNNING
-        tr.start_order = self._next_start
-        self._next_start += 1
         self.running.append(b)
         b.num_computed_tokens = start
         if start:
