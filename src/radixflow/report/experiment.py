@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import io
 import multiprocessing
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -184,20 +185,20 @@ def _figure1_cell(grid: Grid, cell: Cell) -> dict:
     }
 
 
-def _multiturn_cell(grid: Grid, cell: Cell, path: Path) -> dict:
+def _multiturn_cell(cell: Cell) -> dict:
     """Delegates to `radixflow trace multi-turn` (another module owns the multi-turn simulation),
     through the command's own add_arguments/run, without loading the other commands."""
     trace = importlib.import_module(TRACE_MODULE)
     parser = argparse.ArgumentParser()
     trace.add_arguments(parser)
-    tmp = path.with_suffix(".trace.json")
-    args = parser.parse_args(["multi-turn", "--model", cell.model, "--json", str(tmp)])
-    with contextlib.redirect_stdout(io.StringIO()):  # its table would scramble the progress bar
-        rc = trace.run(args)
-    if rc or not tmp.exists():
-        raise RuntimeError(f"radixflow trace multi-turn --model {cell.model} exited with {rc}")
-    data = read_json(tmp)
-    tmp.unlink()
+    with tempfile.TemporaryDirectory() as d:  # outside cells/, so a crash leaves no stray cell
+        tmp = Path(d) / "trace.json"
+        args = parser.parse_args(["multi-turn", "--model", cell.model, "--json", str(tmp)])
+        with contextlib.redirect_stdout(io.StringIO()):  # its table would scramble the progress bar
+            rc = trace.run(args)
+        if rc or not tmp.exists():
+            raise RuntimeError(f"radixflow trace multi-turn --model {cell.model} exited with {rc}")
+        data = read_json(tmp)
     data.setdefault("meta", {}).update(kind="multiturn", model=cell.model)
     return data
 
@@ -213,7 +214,7 @@ def run_cell(task: tuple[Grid, Cell, str]) -> tuple[str, float, str | None]:
         elif cell.kind == "figure1":
             data = _figure1_cell(grid, cell)
         else:
-            data = _multiturn_cell(grid, cell, path)
+            data = _multiturn_cell(cell)
         wall = time.perf_counter() - t0
         data["meta"].update(
             command="experiment",
