@@ -27,9 +27,9 @@ def test_text_completion_greedy_is_deterministic(hybrid_server):
     assert a.usage.prompt_tokens == len(b"The quick brown fox")
     assert a.usage.completion_tokens == 6
     assert a.usage.prompt_tokens_details.cached_tokens == 0
-    # Hybrid: the 16-token page is in the index, but no state snapshot exists below --state-interval
-    # 64 (nor at the decoded branch's end, which is not page-aligned), so nothing can be restored.
-    assert b.usage.prompt_tokens_details.cached_tokens == 0
+    # Hybrid: no snapshot lies below --state-interval 64, but `a` left an end-of-branch snapshot at the
+    # last page boundary it passed (19 + 6 - 1 = 24 computed tokens -> 16), and `b` resumes from it.
+    assert b.usage.prompt_tokens_details.cached_tokens == 16
     assert a.id.startswith("cmpl-") and a.object == "text_completion"
 
 
