@@ -9,7 +9,9 @@ installed (`bash scripts/install_vllm.sh .venv/bin/python`).
 
 vLLM prints CPU-platform notices (no Triton, no custom ops) on stderr; the table is on stdout.
 
-`replay_vllm()` is the reusable part: one arm over one list of branches, returning a dict of measures.
+`replay_vllm()` is the reusable part: one arm over one list of branches, returning a dict of measures;
+`replay_radixflow()` runs the same trace through radixflow's own scheduler (prefix-stop and
+state-ready traversal), so the table compares all four.
 """
 
 from __future__ import annotations
@@ -110,6 +112,41 @@ def replay_vllm(
     }
 
 
+class _FixedStep:
+    """Stand-in executor for radixflow's own scheduler: every call costs the same as a vLLM replay step."""
+
+    def __init__(self, step_time_s: float) -> None:
+        self.step_time_s = step_time_s
+
+    def execute(self, batch):
+        from radixflow.core.batch import ExecResult, Sample
+
+        return ExecResult(self.step_time_s, {i: Sample(1) for i, f in enumerate(batch.fragments) if f.samples})
+
+
+def replay_radixflow(branches: list[Branch], state_ready: bool, max_num_seqs: int, max_num_batched_tokens: int,
+                     block_size: int, *, step_time_s: float = 0.053) -> dict:
+    """The same trace through radixflow's scheduler with immediate admission (the plugin has no
+    flexible admission) and a snapshot at every block (vLLM's Mamba block), prefix-stop or state-ready."""
+    from radixflow.config import SchedulerConfig
+    from radixflow.core.loop import run_trace
+    from radixflow.core.metrics import measure
+    from radixflow.core.policies import Arm, Immediate, PrefixStop, StateReady
+    from radixflow.core.scheduler import Scheduler
+    from radixflow.workloads.trace import fresh_copies
+
+    arm = (Arm("state-ready", Immediate(), StateReady()) if state_ready
+           else Arm("prefix-stop", Immediate(), PrefixStop()))
+    cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                          block_size=block_size, state_interval=block_size, num_kv_pages=32768,
+                          num_state_slots=32768)
+    m = measure(arm.name, run_trace(Scheduler(cfg, arm, hybrid=True), _FixedStep(step_time_s), fresh_copies(branches)))
+    return {"arm": f"radixflow {arm.name}", "steps": m.rounds, "rows_per_step": m.rows_per_round,
+            "tokens_per_step": m.tokens_per_round, "empty_row_slots": m.empty_slots, "reuse_pct": m.reuse_rate,
+            "deferrals": m.blocked_deferrals, "latency_mean_s": m.latency_mean, "latency_p95_s": m.latency_p95,
+            "leaked_blocks": 0}
+
+
 def qa_branches(dataset: str, questions: int, stream: str, rate: float, seed: int) -> list[Branch]:
     """A multi-candidate trace: `questions` questions of the dataset's shape, four branches each."""
     shape = DATASETS[dataset]
@@ -137,8 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     cols = ("arm", "steps", "rows_per_step", "tokens_per_step", "empty_row_slots", "reuse_pct", "deferrals",
             "latency_mean_s", "latency_p95_s", "leaked_blocks")
     print("  ".join(f"{c:>16}" for c in cols))
-    for plugin in (False, True):
-        res = replay_vllm(branches, plugin, args.max_num_seqs, args.max_num_batched_tokens, args.block_size)
+    budgets = (args.max_num_seqs, args.max_num_batched_tokens, args.block_size)
+    rows = [replay_vllm(branches, False, *budgets), replay_vllm(branches, True, *budgets),
+            replay_radixflow(branches, False, *budgets), replay_radixflow(branches, True, *budgets)]
+    for res in rows:
         print("  ".join(f"{res[c]:>16.3f}" if isinstance(res[c], float) else f"{res[c]:>16}" for c in cols))
     return 0
 
