@@ -125,9 +125,10 @@ class _FixedStep:
 
 
 def replay_radixflow(branches: list[Branch], state_ready: bool, max_num_seqs: int, max_num_batched_tokens: int,
-                     block_size: int, *, step_time_s: float = 0.053) -> dict:
+                     block_size: int, *, snapshot_mode: str = "chunk-end", step_time_s: float = 0.053) -> dict:
     """The same trace through radixflow's scheduler with immediate admission (the plugin has no
-    flexible admission) and a snapshot at every block (vLLM's Mamba block), prefix-stop or state-ready."""
+    flexible admission), the state interval = vLLM's Mamba block, prefix-stop or state-ready, in both
+    snapshot modes (`chunk-end` is how vLLM 0.33's align mode caches state)."""
     from radixflow.config import SchedulerConfig
     from radixflow.core.loop import run_trace
     from radixflow.core.metrics import measure
@@ -139,9 +140,9 @@ def replay_radixflow(branches: list[Branch], state_ready: bool, max_num_seqs: in
            else Arm("prefix-stop", Immediate(), PrefixStop()))
     cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           block_size=block_size, state_interval=block_size, num_kv_pages=32768,
-                          num_state_slots=32768)
+                          num_state_slots=32768, snapshot_mode=snapshot_mode)
     m = measure(arm.name, run_trace(Scheduler(cfg, arm, hybrid=True), _FixedStep(step_time_s), fresh_copies(branches)))
-    return {"arm": f"radixflow {arm.name}", "steps": m.rounds, "rows_per_step": m.rows_per_round,
+    return {"arm": f"rf {arm.name} {snapshot_mode}", "steps": m.rounds, "rows_per_step": m.rows_per_round,
             "tokens_per_step": m.tokens_per_round, "empty_row_slots": m.empty_slots, "reuse_pct": m.reuse_rate,
             "deferrals": m.blocked_deferrals, "latency_mean_s": m.latency_mean, "latency_p95_s": m.latency_p95,
             "leaked_blocks": 0}
@@ -175,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             "latency_mean_s", "latency_p95_s", "leaked_blocks")
     print("  ".join(f"{c:>16}" for c in cols))
     budgets = (args.max_num_seqs, args.max_num_batched_tokens, args.block_size)
-    rows = [replay_vllm(branches, False, *budgets), replay_vllm(branches, True, *budgets),
-            replay_radixflow(branches, False, *budgets), replay_radixflow(branches, True, *budgets)]
+    rows = [replay_vllm(branches, False, *budgets), replay_vllm(branches, True, *budgets)]
+    for mode in ("chunk-end", "every-boundary"):
+        rows += [replay_radixflow(branches, sr, *budgets, snapshot_mode=mode) for sr in (False, True)]
     for res in rows:
         print("  ".join(f"{res[c]:>16.3f}" if isinstance(res[c], float) else f"{res[c]:>16}" for c in cols))
     return 0

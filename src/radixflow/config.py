@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+SNAPSHOT_MODES = ("every-boundary", "chunk-end")
+
 
 def _opt(default, help: str, **kw):
     return field(default=default, metadata={"help": help, **kw})
@@ -21,6 +23,10 @@ class SchedulerConfig:
     state_interval: int = _opt(512, "hybrid models: a state snapshot every this many tokens (align mode); "
                                     "non-final prefill chunks end on these boundaries")
     enable_prefix_caching: bool = _opt(True, "reuse cached prefixes across branches")
+    snapshot_mode: str = _opt("every-boundary", "hybrid models: 'every-boundary' snapshots every state-interval "
+                                                "boundary a chunk crosses, plus a finished branch's end (SPEC §2); "
+                                                "'chunk-end' snapshots only where a chunk ends on a boundary and "
+                                                "splits a prompt's last chunk there (vLLM 0.33's align mode)")
     num_kv_pages: int = _opt(1 << 20, "KV pool size in pages")
     num_state_slots: int = _opt(1 << 16, "state snapshot pool size in slots (hybrid models)")
     cache_memory_bytes: int = _opt(0, "if > 0: pages and slots share this many bytes (a unified pool, as "
@@ -44,6 +50,8 @@ class SchedulerConfig:
         if self.max_num_batched_tokens < self.state_interval:
             raise ValueError(f"--max-num-batched-tokens ({self.max_num_batched_tokens}) is smaller than one "
                              f"state interval ({self.state_interval}); chunked prefill could never advance")
+        if self.snapshot_mode not in SNAPSHOT_MODES:
+            raise ValueError(f"unknown snapshot mode {self.snapshot_mode!r}; choose from {', '.join(SNAPSHOT_MODES)}")
         if self.num_kv_pages < 1:
             raise ValueError("the KV pool needs at least one page")
 

@@ -39,6 +39,7 @@ budgets = st.fixed_dictionaries({
     "cache_memory_bytes": st.sampled_from([0, 0, 700, 3000]),
     "kv_page_bytes": st.just(10),
     "state_slot_bytes": st.just(40),
+    "snapshot_mode": st.sampled_from(["every-boundary", "chunk-end"]),
 })
 
 
@@ -64,6 +65,9 @@ def _assert_feasible(s: Scheduler, batch: Batch) -> None:
         assert len(f.page_table) * cfg.block_size >= f.end
         if s.hybrid and f.end < b.num_tokens:
             assert f.end % cfg.state_interval == 0, "non-final hybrid chunk not on a state boundary"
+        crosses = f.end // cfg.state_interval > f.start // cfg.state_interval
+        if s.hybrid and cfg.snapshot_mode == "chunk-end" and crosses:
+            assert f.end % cfg.state_interval == 0, "chunk-end mode: a chunk crossing a boundary must end on it"
         if s.hybrid and f.start > 0 and f.first:
             assert f.state_in is not None, "hybrid row resumed without a state"
 

@@ -59,6 +59,7 @@ class Scheduler:
         self.hybrid = hybrid
         self.block_size = config.block_size
         self.interval = config.state_interval if hybrid else config.block_size
+        self.chunk_end = hybrid and config.snapshot_mode == "chunk-end"
         budget = ByteBudget(config.cache_memory_bytes) if config.cache_memory_bytes > 0 else None
         self.pages = IdPool(config.num_kv_pages, "KV page", config.kv_page_bytes, budget)
         self.slots = IdPool(config.num_state_slots if hybrid else 0, "state slot", config.state_slot_bytes, budget)
@@ -380,16 +381,13 @@ class Scheduler:
         boundary (a candidate end-of-branch snapshot) and the row's end (the working state)."""
         tr: _Track = b.sched
         out: list[tuple[int, int]] = []
-        if self.config.enable_prefix_caching:
+        if self.config.enable_prefix_caching and self.chunk_end:
+            if end % self.interval == 0:
+                self._capture_at(b, end, start, now, out)
+        elif self.config.enable_prefix_caching:
             first_b = (start // self.interval + 1) * self.interval
             for depth in range(first_b, end + 1, self.interval):
-                node = self.index.node_at(self.index.match(tr.hashes, depth // self.block_size))
-                if node.snapshot is not None or not self._ensure_slots(1):
-                    continue
-                slot = self.slots.allocate_one()
-                snap = self.index.attach_snapshot(node, slot, b.uid, now)
-                snap.level = tr.level
-                out.append((depth - start, slot))
+                self._capture_at(b, depth, start, now, out)
             # End-of-branch snapshot: once past the prompt's last chunk, the state at the last page
             # boundary passed is kept in one extra slot; at finish it becomes the branch's end
             # snapshot (a 1-token branch holds that slot for one round only).
@@ -402,6 +400,17 @@ class Scheduler:
                     tr.rolling_depth = page_end
         out.append((end - start, tr.working))
         return out
+
+    def _capture_at(self, b: Branch, depth: int, start: int, now: float, out: list[tuple[int, int]]) -> None:
+        """A pending snapshot at `depth` written by this row, unless one exists or no slot can be had."""
+        tr: _Track = b.sched
+        node = self.index.node_at(self.index.match(tr.hashes, depth // self.block_size))
+        if node.snapshot is not None or not self._ensure_slots(1):
+            return
+        slot = self.slots.allocate_one()
+        snap = self.index.attach_snapshot(node, slot, b.uid, now)
+        snap.level = tr.level
+        out.append((depth - start, slot))
 
     # ================================================================== finishing
     def _finish_reason(self, b: Branch, sample) -> str | None:
@@ -482,10 +491,14 @@ class Scheduler:
         return b.num_tokens - start
 
     def _chunk(self, start: int, total: int, tokens: int) -> int:
-        """Tokens for one row: all that is left if it fits, else a chunk cut to a state boundary."""
+        """Tokens for one row: all that is left if it fits, else a chunk cut to a state boundary.
+        In chunk-end mode a last chunk that crosses a boundary is cut there too, so that boundary's
+        state is cached (vLLM's align mode); the tail runs in a later round."""
         n = min(total - start, tokens)
-        if n < total - start and self.hybrid:
-            n = (start + n) // self.interval * self.interval - start
+        if self.hybrid:
+            aligned = (start + n) // self.interval * self.interval
+            if n < total - start or (self.chunk_end and start < aligned < start + n):
+                n = aligned - start
         return max(n, 0)
 
     def _new_pages(self, b: Branch, end: int) -> int:
