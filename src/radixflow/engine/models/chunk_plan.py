@@ -10,6 +10,7 @@ access in the sequential scan is a view, never a gather.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,17 +20,67 @@ import torch
 class ChunkPlan:
     rows: list[int]                 # batch row index of each local row, in scan order
     chunk: int
-    gather: torch.Tensor            # [M * chunk] packed token index, or N for a padding slot
-    token_index: torch.Tensor       # [Np] packed indices of these rows' tokens
+    num_slots: int                  # M * chunk token slots, padding included
+    token_index: torch.Tensor       # [Np] packed indices of these rows' tokens, ascending
     flat_index: torch.Tensor        # [Np] where each of those tokens sits in the [M * chunk] layout
     steps: list[tuple[int, int]]    # per scan step: (first chunk id, number of active local rows)
     captures: dict[int, tuple[torch.Tensor, torch.Tensor]]  # step -> (local rows, slots) saved after it
 
-    def to_chunks(self, x: torch.Tensor) -> torch.Tensor:
-        """Packed [N, H, ...] -> [M, H, chunk, ...]; padding reads a zero row appended at index N."""
-        ext = torch.cat((x, x.new_zeros((1, *x.shape[1:]))))
-        y = ext[self.gather].view(-1, self.chunk, *x.shape[1:])
-        return y.transpose(1, 2).contiguous()
+    all_tokens: bool = False        # token_index is every packed token, in order (no 1-token rows)
+
+    def to_chunks(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """Packed parts [N, H, d_i] (or [N, H]) -> one [M, H, chunk, sum(d_i)] tensor, zero padded.
+
+        Written straight into a zeroed buffer: no concatenated copy of the packed inputs.
+        """
+        parts = [p[..., None] if p.dim() == 2 else p for p in parts]
+        width = sum(p.shape[-1] for p in parts)
+        heads = parts[0].shape[1]
+        buf = parts[0].new_zeros(self.num_slots, heads, width)
+        col = 0
+        for p in parts:
+            src = p if self.all_tokens else p.index_select(0, self.token_index)
+            buf[:, :, col:col + p.shape[-1]].index_copy_(0, self.flat_index, src)
+            col += p.shape[-1]
+        return buf.view(-1, self.chunk, heads, width).transpose(1, 2).contiguous()
+
+
+def blocked_scan(plan: ChunkPlan, inputs: tuple[torch.Tensor, ...], state: torch.Tensor,
+                 intra: Callable[..., tuple[torch.Tensor, ...]],
+                 step: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+                 out: torch.Tensor, save: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
+    """Run a chunked scan over the plan: `intra` on blocks of chunks, then `step` chunk by chunk.
+
+    inputs: [M, ...] chunk tensors; state: [R, ...] per local row, updated in place; out: [M, ...].
+    `intra` runs on blocks of consecutive steps (about `_BLOCK_ELEMS` elements per chunk-by-chunk
+    matrix) instead of all chunks at once, so on CPU its intermediates stay in cache while the
+    scan consumes them. save(local_rows, slots) is called after each step that has captures.
+    """
+    per_chunk = inputs[0][0].numel() // max(inputs[0].shape[-1], 1) * plan.chunk  # ~ H * C * C
+    budget = len(plan.steps) * len(plan.rows) if inputs[0].is_cuda else max(1, _BLOCK_ELEMS // per_chunk)
+    for c0, c1, group in _step_groups(plan, budget):
+        pre = intra(*(t[c0:c1] for t in inputs))
+        for s, first, n in group:
+            f = first - c0
+            # active rows are local 0..n-1 and their chunks first..first+n-1: views, no gathers
+            out[first:first + n], state[:n] = step(state[:n], *(t[f:f + n] for t in pre))
+            if s in plan.captures:
+                save(*plan.captures[s])
+
+
+_BLOCK_ELEMS = 1 << 19
+
+
+def _step_groups(plan: ChunkPlan, budget: int) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
+    """Consecutive steps grouped so a group spans at most `budget` chunks (at least one step)."""
+    groups: list[tuple[int, int, list[tuple[int, int, int]]]] = []
+    for s, (first, n) in enumerate(plan.steps):
+        if groups and first + n - groups[-1][0] <= budget:
+            c0, _, members = groups[-1]
+            groups[-1] = (c0, first + n, members + [(s, first, n)])
+        else:
+            groups.append((first, first + n, [(s, first, n)]))
+    return groups
 
 
 def row_chunks(offset: int, n: int, cuts: list[tuple[int, int]], chunk: int
@@ -55,19 +106,17 @@ def build_chunk_plan(rows: list[tuple[int, int, int, list[tuple[int, int]]]], ch
     """rows: (batch row index, packed offset, length, state_out) of each multi-token row."""
     per_row = [row_chunks(off, n, cuts, chunk) for _, off, n, cuts in rows]
     order = sorted(range(len(rows)), key=lambda r: -len(per_row[r][0]))
-    gather: list[int] = []
-    token_index: list[int] = []
-    flat_index: list[int] = []
+    slot_of: dict[int, int] = {}        # packed token index -> slot in the [M * chunk] layout
     steps: list[tuple[int, int]] = []
+    num_slots = 0
     for s in range(len(per_row[order[0]][0]) if rows else 0):
         active = [r for r in order if len(per_row[r][0]) > s]  # a prefix of `order`
-        steps.append((len(gather) // chunk, len(active)))
+        steps.append((num_slots // chunk, len(active)))
         for r in active:
-            for tok in per_row[r][0][s]:
+            for j, tok in enumerate(per_row[r][0][s]):
                 if tok >= 0:
-                    token_index.append(tok)
-                    flat_index.append(len(gather))
-                gather.append(tok if tok >= 0 else num_tokens)
+                    slot_of[tok] = num_slots + j
+            num_slots += chunk
     captures: dict[int, list[tuple[int, int]]] = {}
     for local, r in enumerate(order):
         for step, slot in per_row[r][1]:
@@ -76,5 +125,7 @@ def build_chunk_plan(rows: list[tuple[int, int, int, list[tuple[int, int]]]], ch
     def t(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
-    return ChunkPlan([rows[r][0] for r in order], chunk, t(gather), t(token_index), t(flat_index), steps,
-                     {s: (t([p[0] for p in v]), t([p[1] for p in v])) for s, v in captures.items()})
+    tokens = sorted(slot_of)
+    return ChunkPlan([rows[r][0] for r in order], chunk, num_slots, t(tokens), t([slot_of[k] for k in tokens]),
+                     steps, {s: (t([p[0] for p in v]), t([p[1] for p in v])) for s, v in captures.items()},
+                     all_tokens=len(tokens) == num_tokens)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from .batch import BatchContext
 from .cache import ModelCache
+from .layers import TOKEN_BLOCK
 from .states import initial_states, save_states
 
 
@@ -33,9 +34,13 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     # K shifted multiply-adds on the token-major layout: no transposes, no strided gathers
     w = weight[:, 0, :].float()                                # [C, K]
     span = plan.total - plan.width
-    y = flat[:span] * w[:, 0]
-    for j in range(1, kernel):
-        y.addcmul_(flat[j:j + span], w[:, j])
+    y = flat.new_empty(span, flat.shape[1])
+    step = span if x.is_cuda else TOKEN_BLOCK  # token blocks keep the K passes in cache on CPU
+    for lo in range(0, span, step):
+        hi = min(lo + step, span)
+        acc = torch.mul(flat[lo:hi], w[:, 0], out=y[lo:hi])
+        for j in range(1, kernel):
+            acc.addcmul_(flat[lo + j:hi + j], w[:, j])
     if bias is not None:
         y += bias.float()
     # y[j] covers inputs [j, j + K - 1], i.e. ends at the token at flat position j + K - 1

@@ -15,7 +15,7 @@ import torch
 
 from .batch import BatchContext
 from .cache import ModelCache
-from .chunk_plan import ChunkPlan
+from .chunk_plan import ChunkPlan, blocked_scan
 from .states import initial_states, save_states
 
 
@@ -51,21 +51,16 @@ def _prefill(args: list[torch.Tensor], init: torch.Tensor, plan: ChunkPlan, pool
              out: torch.Tensor) -> None:
     # one gather for all five inputs: [N, H, dk + dk + dv + 2] -> [M, H, C, ...]
     dk, dv = args[0].shape[-1], args[2].shape[-1]
-    packed = plan.to_chunks(torch.cat((*args[:3], args[3][..., None], args[4][..., None]), dim=-1))
+    packed = plan.to_chunks(args)
     q, k, v, g, beta = packed.split([dk, dk, dv, 1, 1], dim=-1)
     g, beta = g[..., 0], beta[..., 0]
-    pre = _intra_chunk(q, k, v, g, beta)
     rows = torch.tensor(plan.rows, dtype=torch.long, device=q.device)
     state = init[rows]
     o = torch.empty_like(v)
-    for step, (first, n) in enumerate(plan.steps):
-        # active rows are local 0..n-1 and their chunks first..first+n-1: views, no gathers
-        o[first:first + n], state[:n] = _scan_chunk(state[:n], *(t[first:first + n] for t in pre))
-        if step in plan.captures:
-            local, slots = plan.captures[step]
-            save_states(pool, slots, state[local])
+    blocked_scan(plan, (q, k, v, g, beta), state, _intra_chunk, _scan_chunk, o,
+                 lambda local, slots: save_states(pool, slots, state[local]))
     flat = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[-1])      # [M*C, H, dv]
-    out[plan.token_index] = flat[plan.flat_index]
+    out.index_copy_(0, plan.token_index, flat.index_select(0, plan.flat_index))
 
 
 def _intra_chunk(q, k, v, g, beta):
@@ -76,12 +71,14 @@ def _intra_chunk(q, k, v, g, beta):
     gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
     # only the strictly lower triangle of `a` is read: upper=False ignores what is above the
     # diagonal and unitriangular=True takes the diagonal as 1, which is exactly (I + A)
-    a = (k @ k.transpose(-1, -2)) * gamma * beta[..., :, None]
-    rhs = torch.cat((v * beta[..., None], k * (beta * cum.exp())[..., None]), dim=-1)
+    k_beta = k * beta[..., None]
+    a = (k_beta @ k.transpose(-1, -2)) * gamma
+    decay_in = cum.exp()
+    rhs = torch.cat((v * beta[..., None], k_beta * decay_in[..., None]), dim=-1)
     sol = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
     u, w = sol[..., :v.shape[-1]], sol[..., v.shape[-1]:]
     qk = (q @ k.transpose(-1, -2)) * gamma
-    q_dec = q * cum.exp()[..., None]
+    q_dec = q * decay_in[..., None]
     k_dec = k * (cum[..., -1:] - cum).exp()[..., None]
     return u, w, qk, q_dec, k_dec, cum[..., -1].exp()
 

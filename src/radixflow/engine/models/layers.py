@@ -83,6 +83,17 @@ class Rotary:
         return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
 
 
+TOKEN_BLOCK = 2048
+
+
+def by_token_blocks(fn, x: torch.Tensor, block: int = TOKEN_BLOCK) -> torch.Tensor:
+    """fn over row blocks of x [N, D]. On CPU this keeps an MLP's wide intermediates in cache
+    when many rows are packed together; on GPU one big launch is better, so it is one call."""
+    if x.shape[0] <= block or x.is_cuda:
+        return fn(x)
+    return torch.cat([fn(x[i:i + block]) for i in range(0, x.shape[0], block)])
+
+
 class GatedMLP(nn.Module):
     """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
 
@@ -93,6 +104,9 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return by_token_blocks(self._mlp, x)
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -105,4 +119,7 @@ class Relu2MLP(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return by_token_blocks(self._mlp, x)
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(torch.square(F.relu(self.up_proj(x))))

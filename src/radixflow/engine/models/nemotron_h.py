@@ -37,6 +37,7 @@ class NemotronHConfig:
     num_key_value_heads: int
     head_dim: int
     intermediate_size: int
+    mlp_bias: bool
     layer_norm_epsilon: float
     ssm_state_size: int
     mamba_num_heads: int
@@ -59,7 +60,7 @@ class NemotronHConfig:
             vocab_size=cfg_get(d, "vocab_size"), hidden_size=cfg_get(d, "hidden_size"), layer_types=types,
             num_attention_heads=heads, num_key_value_heads=cfg_get(d, "num_key_value_heads", heads),
             head_dim=d.get("head_dim") or cfg_get(d, "hidden_size") // heads,
-            intermediate_size=cfg_get(d, "intermediate_size"),
+            intermediate_size=cfg_get(d, "intermediate_size"), mlp_bias=bool(d.get("mlp_bias", False)),
             layer_norm_epsilon=cfg_get(d, "layer_norm_epsilon", 1e-5),
             ssm_state_size=cfg_get(d, "ssm_state_size"), mamba_num_heads=cfg_get(d, "mamba_num_heads"),
             mamba_head_dim=cfg_get(d, "mamba_head_dim"),
@@ -161,7 +162,7 @@ class NemotronHForCausalLM(CausalLM):
                                       c.head_dim, kv)
                 kv += 1
             else:
-                mixer = Relu2MLP(c.hidden_size, c.intermediate_size, bias=False)
+                mixer = Relu2MLP(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
             layers.append(Block(c, kind, mixer))
         self.model = _Trunk(c, layers)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)

@@ -14,7 +14,7 @@ import torch
 
 from .batch import BatchContext
 from .cache import ModelCache
-from .chunk_plan import ChunkPlan
+from .chunk_plan import ChunkPlan, blocked_scan
 from .states import initial_states, save_states
 
 
@@ -51,24 +51,19 @@ def _decode(args, init, batch: BatchContext, pool, out, groups: int) -> None:
 def _prefill(args, init, plan: ChunkPlan, pool, out, groups: int) -> None:
     xdt, decay, b, c = args
     # two gathers instead of four: per-head inputs together, per-group inputs together
-    heads_in = plan.to_chunks(torch.cat((xdt, decay[..., None]), dim=-1))   # [M, H, C, P + 1]
+    heads_in = plan.to_chunks([xdt, decay])                  # [M, H, C, P + 1]
     xdt, decay = heads_in[..., :-1], heads_in[..., -1]
-    b, c = plan.to_chunks(torch.cat((b, c), dim=-1)).chunk(2, dim=-1)        # [M, G, C, S] each
+    b, c = plan.to_chunks([b, c]).chunk(2, dim=-1)          # [M, G, C, S] each
     m, heads, clen, p = xdt.shape
     xdt = xdt.reshape(m, groups, heads // groups, clen, p)
     decay = decay.reshape(m, groups, heads // groups, clen)
-    pre = _intra_chunk(xdt, decay, b, c)
     rows = torch.tensor(plan.rows, dtype=torch.long, device=xdt.device)
     state = init[rows].view(len(plan.rows), groups, heads // groups, p, -1)
     y = torch.empty_like(xdt)
-    for step, (first, n) in enumerate(plan.steps):
-        # active rows are local 0..n-1 and their chunks first..first+n-1: views, no gathers
-        y[first:first + n], state[:n] = _scan_chunk(state[:n], *(t[first:first + n] for t in pre))
-        if step in plan.captures:
-            local, slots = plan.captures[step]
-            save_states(pool, slots, state[local].flatten(1, 2))
+    blocked_scan(plan, (xdt, decay, b, c), state, _intra_chunk, _scan_chunk, y,
+                 lambda local, slots: save_states(pool, slots, state[local].flatten(1, 2)))
     flat = y.flatten(1, 2).transpose(1, 2).reshape(-1, heads, p)       # [M*C, H, P]
-    out[plan.token_index] = flat[plan.flat_index]
+    out.index_copy_(0, plan.token_index, flat.index_select(0, plan.flat_index))
 
 
 def _intra_chunk(xdt, decay, b, c):
