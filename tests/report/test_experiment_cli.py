@@ -32,3 +32,32 @@ def test_experiment_cli_runs_a_subset_and_resumes(tmp_path, capsys):
 def test_experiment_cli_rejects_unknown_names(tmp_path, capsys):
     assert main(["experiment", "--out", str(tmp_path), "--arms", "radix,fastest"]) == 2
     assert "unknown fastest" in capsys.readouterr().err
+
+
+def test_experiment_cli_passes_the_snapshot_mode_to_the_scheduler(tmp_path, capsys):
+    import json
+
+    args = [
+        "experiment",
+        "--quick",
+        "--out",
+        str(tmp_path),
+        "--models",
+        "qwen3.5-4b",
+        "--arms",
+        "radix",
+        "--streams",
+        "cold",
+        "--orders",
+        "forward",
+        "--questions",
+        "3",
+        "--jobs",
+        "1",
+    ]
+    assert main([*args, "--snapshot-mode", "chunk-end"]) == 0
+    cell = tmp_path / "cells" / "qa__qwen3.5-4b__radix__cold__forward.json"
+    assert json.loads(cell.read_text())["meta"]["fingerprint"]["snapshot_mode"] == "chunk-end"
+    capsys.readouterr()
+    assert main(args) == 0  # another mode: the cell is run again
+    assert json.loads(cell.read_text())["meta"]["fingerprint"]["snapshot_mode"] == "every-boundary"

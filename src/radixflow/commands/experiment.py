@@ -12,6 +12,7 @@ import os
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from radixflow.commands.common import positive_int
+from radixflow.config import SNAPSHOT_MODES, SchedulerConfig, help_of
 from radixflow.core.policies import ARMS
 from radixflow.report.experiment import PRESETS, preset, run_experiment
 from radixflow.report.paper import MODELS
@@ -37,9 +38,7 @@ def add_arguments(p) -> None:
         choices=list(PRESETS),
         help="paper: SPEC §11's full grid; quick: a small grid (about a minute) for every figure",
     )
-    p.add_argument(
-        "--quick", dest="preset", action="store_const", const="quick", help="same as --preset quick"
-    )
+    p.add_argument("--quick", dest="preset", action="store_const", const="quick", help="same as --preset quick")
     p.add_argument("--out", required=True, help="results directory (finished cells in it are not rerun)")
     p.add_argument(
         "--calibrate",
@@ -51,11 +50,15 @@ def add_arguments(p) -> None:
     p.add_argument("--arms", default=None, help=f"comma list overriding the preset's ({', '.join(ARMS)})")
     p.add_argument("--streams", default=None, help=f"comma list of {', '.join(STREAMS)}")
     p.add_argument("--orders", default=None, help=f"comma list of {', '.join(ORDERS)}")
-    p.add_argument(
-        "--questions", type=positive_int, default=None, help="questions per stream (preset's default)"
-    )
+    p.add_argument("--questions", type=positive_int, default=None, help="questions per stream (preset's default)")
     p.add_argument("--gpu", default=None, help=f"one of {', '.join(GPUS)} (default a800, as the paper)")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--snapshot-mode",
+        default="every-boundary",
+        choices=SNAPSHOT_MODES,
+        help=help_of(SchedulerConfig, "snapshot_mode"),
+    )
 
 
 def grid_from_args(args):
@@ -78,6 +81,7 @@ def grid_from_args(args):
     if args.seed is not None:
         grid.seed = args.seed
     grid.calibrate = args.calibrate
+    grid.snapshot_mode = args.snapshot_mode
     return grid
 
 

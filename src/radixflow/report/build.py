@@ -194,7 +194,8 @@ def _setup_section(res: Results) -> Section:
             f"Grid: models {', '.join(grid.get('models', []))}; arms {', '.join(grid.get('arms', []))}; "
             f"streams {', '.join(grid.get('streams', []))}; orders {', '.join(grid.get('orders', []))}; "
             f"questions per stream {grid.get('questions') or paper.QUESTIONS}; GPU {grid.get('gpu')}; "
-            f"budgets {res.manifest.get('budget_source', 'paper')}."
+            f"budgets {res.manifest.get('budget_source', 'paper')}; snapshot mode "
+            f"{grid.get('snapshot_mode', 'every-boundary')}; simulator code {res.manifest.get('code_version', '?')}."
         )
     tables = []
     if res.calibration:

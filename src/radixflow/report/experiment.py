@@ -73,6 +73,7 @@ class Grid:
     gpu: str = "a800"
     rate: float | None = None  # None = the paper's rate per model
     calibrate: bool = False
+    snapshot_mode: str = "every-boundary"  # SchedulerConfig.snapshot_mode (hybrid models)
     budgets: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(paper.BUDGETS))
 
     def rate_of(self, model: str) -> float:
@@ -86,7 +87,13 @@ class Grid:
         return extra + qa
 
     def fingerprint(self, cell: Cell) -> dict:
-        fp = {"kind": cell.kind, "seed": self.seed, "gpu": self.gpu, "code": code_version()}
+        fp = {
+            "kind": cell.kind,
+            "seed": self.seed,
+            "gpu": self.gpu,
+            "code": code_version(),
+            "snapshot_mode": self.snapshot_mode,
+        }
         if cell.kind == "qa":
             fp.update(
                 questions=self.questions,
@@ -111,7 +118,7 @@ def preset(name: str) -> Grid:
 # ----------------------------------------------------------------------------- one cell
 def sim_setup(grid: Grid, model: str, budgets: tuple[int, int], hook=None) -> SimSetup:
     spec = get_spec(model)
-    cfg = SchedulerConfig(max_num_seqs=budgets[0], max_num_batched_tokens=budgets[1])
+    cfg = SchedulerConfig(max_num_seqs=budgets[0], max_num_batched_tokens=budgets[1], snapshot_mode=grid.snapshot_mode)
     cfg.validate()
     return SimSetup(spec, get_gpu(grid.gpu), cfg, round_hook=hook)
 
