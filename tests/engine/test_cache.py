@@ -67,3 +67,8 @@ def test_full_attention_ignores_states(models):
     model = models["tiny-qwen3"]
     out = model([RowInput([1, 2, 3], 16, [0, 1], None, [(3, 9)], [2])], model.allocate_cache(2, 16, 0))
     assert out.shape == (1, 512)
+
+
+def test_no_rows_gives_no_logits(models):
+    model = models["tiny-nemotron-h"]
+    assert model([], model.allocate_cache(2, 16, 1)).shape == (0, 512)

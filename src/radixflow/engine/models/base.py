@@ -91,6 +91,8 @@ class CausalLM(nn.Module):
     def forward(self, rows: list[RowInput], cache: ModelCache) -> torch.Tensor:
         """Run all rows in one batched call; returns fp32 logits [sum(len(r.logits_at)), vocab]."""
         validate_rows(rows, cache.block_size, cache.num_pages, cache.num_state_slots, self.is_hybrid)
+        if not rows:
+            return torch.empty(0, self.vocab_size, device=cache.device)
         batch = BatchContext(rows, cache.block_size, cache.device)
         self.prepare(batch)
         h = self.embed(batch.token_ids)

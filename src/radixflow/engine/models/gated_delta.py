@@ -6,7 +6,8 @@ Per head, with state S [dk, dv], log-decay g_t <= 0 and write strength beta_t:
 Chunked form (chunk of C tokens, G = cumulative g inside the chunk, Gamma_ij = exp(G_i - G_j)):
     (I + A) U = beta V,  (I + A) W = beta exp(G) K,   A_ij = beta_i Gamma_ij k_i.k_j  for j < i
     U' = U - W S;   O = (Q exp(G)) S + (Q K^T * Gamma, j <= i) U';   S <- exp(G_C) S + (K exp(G_C - G))^T U'
-The intra-chunk part runs once for all chunks of all rows; only the short state update loops.
+The intra-chunk part is batched over the chunks of all rows (in cache-sized blocks on CPU); only the
+short state update loops, one step per chunk position.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _decode(args: list[torch.Tensor], init: torch.Tensor, batch: BatchContext, p
 
 def _prefill(args: list[torch.Tensor], init: torch.Tensor, plan: ChunkPlan, pool: torch.Tensor,
              out: torch.Tensor) -> None:
-    # one gather for all five inputs: [N, H, dk + dk + dv + 2] -> [M, H, C, ...]
+    # one packing pass for all five inputs: [N, H, dk + dk + dv + 2] -> [M, H, C, ...]
     dk, dv = args[0].shape[-1], args[2].shape[-1]
     packed = plan.to_chunks(args)
     q, k, v, g, beta = packed.split([dk, dk, dv, 1, 1], dim=-1)

@@ -50,7 +50,7 @@ def _decode(args, init, batch: BatchContext, pool, out, groups: int) -> None:
 
 def _prefill(args, init, plan: ChunkPlan, pool, out, groups: int) -> None:
     xdt, decay, b, c = args
-    # two gathers instead of four: per-head inputs together, per-group inputs together
+    # two packing passes instead of four: per-head inputs together, per-group inputs together
     heads_in = plan.to_chunks([xdt, decay])                  # [M, H, C, P + 1]
     xdt, decay = heads_in[..., :-1], heads_in[..., -1]
     b, c = plan.to_chunks([b, c]).chunk(2, dim=-1)          # [M, G, C, S] each
