@@ -117,3 +117,17 @@ def test_missing_and_misshaped_tensors(tiny, tmp_path):
     save_file(bad, str(d / "model.safetensors"))
     with pytest.raises(ValueError, match="wrong shape.*model.norm.weight"):
         load_model(d)
+
+
+def test_bf16_hybrid_resume(tmp_path):
+    """bf16 weights/KV/conv with fp32 recurrent state: a resumed prompt stays close to fp32."""
+    path = ensure_tiny_model("tiny-nemotron-h", cache_dir=tmp_path)
+    ids = list(range(30, 230))
+    outs = []
+    for dtype in (torch.float32, torch.bfloat16):
+        m = load_model(path, dtype=dtype).model
+        cache = m.allocate_cache(16, 16, 2)
+        m([RowInput(ids[:100], 0, list(range(13)), None, [(100, 1)], [])], cache)
+        outs.append(m([RowInput(ids[100:], 100, list(range(13)), 1, [], [99])], cache))
+    assert outs[1].dtype == torch.float32
+    assert (outs[0] - outs[1]).abs().max() < 0.5
