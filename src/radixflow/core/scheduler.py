@@ -14,6 +14,7 @@ from radixflow.cache.radix import Match, Node, RadixIndex, Snapshot, chain_hashe
 from radixflow.config import SchedulerConfig
 from radixflow.core.batch import Batch, ExecResult, Fragment, Outcome
 from radixflow.core.branch import Branch, BranchState
+from radixflow.core.integrity import check_scheduler, holds_nothing
 from radixflow.core.policies import AdmissionView, Arm
 
 
@@ -197,46 +198,11 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """Raises AssertionError if free + cached + in use != total for pages or slots, or locks drift."""
-        tree_pages, snap_slots = self.index.check_integrity()
-        private: set[int] = set()
-        slots: set[int] = set()
-        locks = 0
-        snap_locks = 0
-        for b in self.running:
-            tr: _Track = b.sched
-            assert not (tr.private & private), f"{b.key}: private page shared"
-            private |= tr.private
-            assert tr.private <= set(tr.page_table), f"{b.key}: private page outside its page table"
-            assert len(tr.page_table) * self.block_size >= b.num_computed_tokens
-            for s in (tr.working, tr.rolling):
-                if s is not None:
-                    assert s not in slots and s not in snap_slots, f"{b.key}: slot {s} used twice"
-                    slots.add(s)
-            locks += tr.node is not None
-            snap_locks += tr.read_snapshot is not None
-        for b in self.waiting + self.held:
-            tr = b.sched
-            assert not tr.private and tr.node is None and tr.working is None, f"{b.key}: waiting but holds memory"
-        assert not (private & tree_pages), "a private page is also in the tree"
-        assert len(private) + len(tree_pages) + self.pages.num_free == self.pages.capacity, (
-            f"page leak: private {len(private)} + cached {len(tree_pages)} + free {self.pages.num_free} "
-            f"!= {self.pages.capacity}")
-        assert len(slots) + len(snap_slots) + self.slots.num_free == self.slots.capacity, "slot leak"
-        budget = self.pages.budget
-        if budget is not None:
-            used = self.pages.num_used * self.pages.unit_bytes + self.slots.num_used * self.slots.unit_bytes
-            assert budget.used == used <= budget.total, f"byte budget drift: {budget.used} != {used}"
-        top = sum(n.lock_ref for r in self.index._roots.values() for n in r.children.values())
-        assert top == locks, f"lock drift: tree says {top}, branches hold {locks}"
-        held_snap = sum(n.snapshot.lock for n in self.index._snap_nodes)
-        assert held_snap == snap_locks, "snapshot lock drift"
+        check_scheduler(self)
 
     def holds_nothing(self) -> bool:
         """True when no branch holds pages, slots or locks (only the cache itself remains)."""
-        pages, slots = self.index.check_integrity()
-        return (len(pages) + self.pages.num_free == self.pages.capacity
-                and len(slots) + self.slots.num_free == self.slots.capacity
-                and all(n.lock_ref == 0 for n in self.index._iter_nodes()))
+        return holds_nothing(self)
 
     # ================================================================== the scan
     def _scan_waiting(self, batch: Batch, rows: int, tokens: int, now: float) -> None:
