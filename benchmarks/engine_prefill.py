@@ -58,7 +58,11 @@ def bench_model(name: str, seq_len: int, n_rows: int, repeat: int) -> None:
     long_seq = torch.randint(0, 256, (seq_len,), generator=gen).tolist()
     lengths = torch.randint(300, 2001, (n_rows,), generator=gen).tolist()
     mixed = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in lengths]
-    cases = ((f"1 x {seq_len}", [long_seq]), (f"{n_rows} mixed ({sum(lengths)} tok)", mixed))
+    # A round-sized batch too: 16 rows within a T = 2,048 token budget, as a bench round holds.
+    small = torch.randint(40, 216, (n_rows,), generator=gen).tolist()
+    round_rows = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in small]
+    cases = ((f"1 x {seq_len}", [long_seq]), (f"{n_rows} mixed ({sum(lengths)} tok)", mixed),
+             (f"{n_rows} round ({sum(small)} tok)", round_rows))
     for label, seqs in cases:
         rows, pages = make_rows(seqs)
         cache = ours.allocate_cache(pages, BLOCK, len(rows))

@@ -37,6 +37,8 @@ def add_arguments(p) -> None:
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=parse_bytes("256MiB"),
                    help="bytes for KV pages + state slots (suffixes KiB/MiB/GiB)")
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--torch-threads", type=int, default=1,
+                   help="CPU threads for torch (1 is steadier on a shared 2-core machine; 0 = torch's default)")
     add_workload_flags(p, default_rate=40.0)
     add_scheduler_flags(p)
     p.set_defaults(questions=48, article_scale=0.1, state_interval=64, stream="all", order="forward")
@@ -49,7 +51,8 @@ def run(args) -> int:
     from radixflow.engine.loader import load_model
     from radixflow.engine.tiny import resolve_model
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
     arms = parse_arms(args.policy)
     loaded = load_model(resolve_model(args.model), args.device,
                         {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(args.dtype, torch.float32))
