@@ -30,3 +30,18 @@ def test_figure1_full_attention_has_no_blocked_and_no_gain():
     b, _ = _run("radixflow", "qwen3-8b")
     assert a.blocked_deferrals == b.blocked_deferrals == 0
     assert a.rounds == b.rounds
+
+
+def test_merged_latency_percentiles_pool_the_requests():
+    from radixflow.core.metrics import ArmMeasures, merge, percentile
+
+    def part(lat):
+        base = {f: 0 for f in ArmMeasures.__dataclass_fields__ if f not in ("policy", "latencies", "lower_bound")}
+        return ArmMeasures(policy="x", lower_bound=None, **{**base, "requests": len(lat), "rounds": 1,
+                                                             "tokens": 1, "max_num_seqs": 1}, latencies=lat)
+
+    a, b = part([1.0] * 19 + [100.0]), part([2.0] * 20)
+    m = merge("x", [a, b])
+    pooled = a.latencies + b.latencies
+    assert m.latency_p95 == percentile(pooled, 0.95) and m.latency_mean == sum(pooled) / 40
+    assert "latencies" not in m.to_dict()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from radixflow.core.branch import Branch, group_requests
 from radixflow.core.loop import RunResult
@@ -52,9 +52,13 @@ class ArmMeasures:
     dependency_depth: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    # Per-request latencies, kept so that merged parts give pooled percentiles (not written to JSON).
+    latencies: list[float] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        del d["latencies"]
+        return d
 
 
 def measure(policy: str, run: RunResult) -> ArmMeasures:
@@ -82,7 +86,7 @@ def measure(policy: str, run: RunResult) -> ArmMeasures:
         blocked_deferrals=s.blocked_total, preemptions=s.preemptions,
         requests=len(group_requests(branches)), branches=len(branches), prompt_tokens=prompt,
         cached_tokens=cached, makespan=run.makespan, lower_bound=lb, dependency_depth=s.max_level,
-        max_num_seqs=S, max_num_batched_tokens=T)
+        max_num_seqs=S, max_num_batched_tokens=T, latencies=lat)
 
 
 @dataclass
@@ -105,7 +109,7 @@ def cost_identity(base: ArmMeasures, arm: ArmMeasures) -> CostIdentity:
 
 
 def merge(policy: str, parts: list[ArmMeasures]) -> ArmMeasures:
-    """Combines per-stream/per-order runs of one arm into one row (sums and weighted means)."""
+    """Combines per-stream/per-order runs of one arm into one row (sums, pooled latencies, weighted waits)."""
     if len(parts) == 1:
         return parts[0]
     k = sum(p.rounds for p in parts)
@@ -117,6 +121,7 @@ def merge(policy: str, parts: list[ArmMeasures]) -> ArmMeasures:
     prompt = sum(p.prompt_tokens for p in parts)
     cached = sum(p.cached_tokens for p in parts)
     S = parts[0].max_num_seqs
+    lat = [x for p in parts for x in p.latencies]
 
     def wmean(attr, weight):
         tot = sum(getattr(p, weight) for p in parts)
@@ -127,8 +132,7 @@ def merge(policy: str, parts: list[ArmMeasures]) -> ArmMeasures:
         policy=policy, rounds=k, fragments=frags, tokens=tokens, rows_per_round=frags / k if k else 0.0,
         tokens_per_round=tokens / k if k else 0.0, empty_slots=sum(p.empty_slots for p in parts),
         reuse_rate=100.0 * cached / prompt if prompt else 0.0,
-        latency_mean=wmean("latency_mean", "requests"),
-        latency_p50=wmean("latency_p50", "requests"), latency_p95=wmean("latency_p95", "requests"),
+        latency_mean=mean(lat), latency_p50=percentile(lat, 0.5), latency_p95=percentile(lat, 0.95),
         first_selection_wait_mean=wmean("first_selection_wait_mean", "branches"), host_time=host,
         cost_per_round=host / k if k else 0.0, host_ms_per_1k_tokens=1e6 * host / tokens if tokens else 0.0,
         blocked_deferrals=sum(p.blocked_deferrals for p in parts), preemptions=sum(p.preemptions for p in parts),
@@ -136,4 +140,4 @@ def merge(policy: str, parts: list[ArmMeasures]) -> ArmMeasures:
         makespan=sum(p.makespan for p in parts),
         lower_bound=sum(lbs) if all(x is not None for x in lbs) else None,
         dependency_depth=max(p.dependency_depth for p in parts), max_num_seqs=S,
-        max_num_batched_tokens=parts[0].max_num_batched_tokens)
+        max_num_batched_tokens=parts[0].max_num_batched_tokens, latencies=lat)
