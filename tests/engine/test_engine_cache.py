@@ -133,3 +133,9 @@ def test_bad_input_is_refused_with_a_clear_error(loaded):
     with pytest.raises(ValueError, match="too small|holds"):
         _engine(name, lm, memory=4096)
     assert isinstance(eng.make_branch("x", 0, [1, 2], p), Branch)
+    # A request is accepted whole or not at all: a failing second branch leaves nothing behind.
+    ok = eng.make_branch("y", 0, [1, 2, 3], p)
+    huge = Branch("y", 1, tuple([1] * 10), max_new_tokens=10**7)
+    with pytest.raises(ValueError, match="KV pages"):
+        eng.add([ok, huge])
+    assert not eng.scheduler.has_unfinished and "y" not in eng.requests

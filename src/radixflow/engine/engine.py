@@ -100,8 +100,15 @@ class Engine:
         req = LogicalRequest(branches[0].request_id, branches, min(b.arrival for b in branches))
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in flight")
-        for b in branches:
-            self.scheduler.add(b)
+        added = []
+        try:
+            for b in branches:
+                self.scheduler.add(b)
+                added.append(b)
+        except ValueError:
+            for b in added:  # all branches of a request are accepted, or none
+                self.scheduler.abort(b)
+            raise
         self.requests[req.request_id] = req
         return req
 
