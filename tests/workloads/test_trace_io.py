@@ -53,3 +53,15 @@ def test_qa_streams_have_four_branches_per_question_and_namespaces():
     arrivals = [r["arrival"] for r in cold]
     assert arrivals == sorted(arrivals) and arrivals[-1] > 0
     assert reuse[0]["request_id"] == qs[-1].qid
+
+
+def test_branch_gap_spreads_a_questions_branches():
+    qs = paper_questions(0, 5)
+    together = stream_records(qs, "cold", "forward", 5.0, 0)
+    spread = stream_records(qs, "cold", "forward", 5.0, 0, branch_gap=0.002)
+    by_q = {}
+    for r in spread:
+        by_q.setdefault(r["request_id"], []).append(r["arrival"])
+    assert all(a == sorted(a) and a[-1] > a[0] for a in by_q.values())
+    firsts = [r["arrival"] for r in spread if r["branch"] == 0]
+    assert firsts == [r["arrival"] for r in together if r["branch"] == 0]  # question arrivals unchanged

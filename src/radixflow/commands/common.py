@@ -34,6 +34,8 @@ def add_workload_flags(p: argparse.ArgumentParser, default_rate: float | None = 
     p.add_argument("--questions", type=positive_int, default=None, help="questions per stream (default: all 1,551)")
     p.add_argument("--rate", type=float, default=default_rate,
                    help="Poisson arrival rate, requests/s (default: 5 for Qwen, 1.5 for Nemotron; 0 = all at t=0)")
+    p.add_argument("--branch-gap", type=float, default=0.0,
+                   help="mean seconds between a question's branches (0: all four arrive together)")
     p.add_argument("--dataset-path", default=None, help="directory with QuALITY / RACE files to use instead of "
                                                         "the synthetic shapes")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json for --dataset-path token counts")
@@ -101,7 +103,8 @@ def build_workloads(args, model_name: str, vocab: int = 32000) -> list[tuple[str
     out = []
     for st in streams:
         for od in orders:
-            recs = stream_records(questions, st, od, rate, args.seed, prefix=f"{st}-{od}:")
+            recs = stream_records(questions, st, od, rate, args.seed, prefix=f"{st}-{od}:",
+                                  branch_gap=getattr(args, "branch_gap", 0.0))
             out.append((f"{st}/{od}", [branch_from_record(r, f"{st}/{od}", vocab) for r in recs]))
     return out
 

@@ -72,8 +72,11 @@ def paper_questions(seed: int = 0, questions: int | None = None, article_scale: 
 
 
 def stream_records(questions: list[Question], stream: str, order: str, rate: float, seed: int,
-                   prefix: str = "") -> list[dict]:
-    """Trace records (segments form) for one stream and input order, with Poisson arrivals."""
+                   prefix: str = "", branch_gap: float = 0.0) -> list[dict]:
+    """Trace records (segments form) for one stream and input order, with Poisson arrivals.
+
+    `branch_gap` > 0 spreads a question's branches: each arrives an exponential gap (this mean, in
+    seconds) after the previous one, as when a client sends the candidates as separate requests."""
     if stream not in STREAMS:
         raise ValueError(f"unknown stream {stream!r}; choose from {', '.join(STREAMS)}")
     if order not in ORDERS:
@@ -85,15 +88,21 @@ def stream_records(questions: list[Question], stream: str, order: str, rate: flo
         random.Random(seed + 17).shuffle(qs)
     if order == "reverse":
         qs.reverse()
+    if branch_gap < 0:
+        raise ValueError("--branch-gap must be >= 0")
     rng = random.Random(seed + 1)
+    gaps = random.Random(seed + 2)
     t = 0.0
     recs = []
     for q in qs:
         if rate > 0:
             t += rng.expovariate(rate)
         ns = f"{prefix}cold:{q.qid}" if stream == "cold" else f"{prefix}{stream}"
+        tb = t
         for i, clen in enumerate(q.candidate_lens):
-            recs.append({"request_id": f"{prefix}{q.qid}", "branch": i, "arrival": round(t, 6), "namespace": ns,
+            if i and branch_gap > 0:
+                tb += gaps.expovariate(1.0 / branch_gap)
+            recs.append({"request_id": f"{prefix}{q.qid}", "branch": i, "arrival": round(tb, 6), "namespace": ns,
                          "max_new_tokens": 1,
                          "segments": [{"id": q.article, "len": q.article_len},
                                       {"id": f"{q.qid}:question", "len": q.question_len},
