@@ -13,6 +13,7 @@ from rich.table import Table
 from radixflow.config import SNAPSHOT_MODES, SchedulerConfig, help_of
 from radixflow.core.branch import Branch
 from radixflow.core.metrics import ArmMeasures, cost_identity
+from radixflow.core.policies import ARMS
 from radixflow.workloads.figure1 import FIGURE1_BUDGETS, figure1_records
 from radixflow.workloads.qa import ORDERS, STREAMS, paper_questions, stream_records
 from radixflow.workloads.trace import branch_from_record, load_trace
@@ -26,7 +27,8 @@ def positive_int(s: str) -> int:
 
 
 def add_workload_flags(p: argparse.ArgumentParser, default_rate: float | None = None) -> None:
-    p.add_argument("--policy", default="radix,radixflow", help="comma list of arms, or 'all'")
+    p.add_argument("--policy", default="radix,radixflow",
+                   help=f"comma list of arms ({', '.join(ARMS)}) or 'all'")
     p.add_argument("--workload", default="multi-candidate",
                    help="multi-candidate | figure1 | agentic | multi-turn | a .jsonl trace path")
     p.add_argument("--stream", default="all", choices=[*STREAMS, "all"])
