@@ -19,12 +19,13 @@ from radixflow.commands.common import (
 from radixflow.core.policies import parse_arms
 from radixflow.sim.cost_model import GPUS, get_gpu
 from radixflow.sim.runner import SimSetup, run_arm
-from radixflow.spec import get_spec
+from radixflow.spec import PRESETS, get_spec
 from radixflow.workloads.agentic import SESSION_WORKLOADS, add_session_flags, simulate_cli
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default="qwen3.5-0.8b", help="preset name or a directory with config.json")
+    p.add_argument("--model", default="qwen3.5-0.8b",
+                   help=f"a preset ({', '.join(PRESETS)}) or a directory with an HF config.json")
     p.add_argument("--gpu", default="a800", help=f"one of {', '.join(GPUS)}")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     p.add_argument("--state-memory-fraction", type=float, default=None,
