@@ -90,3 +90,33 @@ def test_pool_rejects_double_free_and_over_allocation():
     pool.free(ids)
     with pytest.raises(AssertionError):
         pool.free(ids[:1])
+
+
+def test_a_chain_hash_collision_is_caught_by_the_token_check():
+    from factories import small_config
+    from radixflow.core.batch import ExecResult, Sample
+    from radixflow.core.branch import Branch
+    from radixflow.core.policies import get_arm
+    from radixflow.core.scheduler import Scheduler
+
+    s = Scheduler(small_config(), get_arm("radix"), hybrid=False)
+
+    def run(b):
+        s.add(b)
+        s.admit(1.0)
+        batch = s.schedule(1.0)
+        s.complete(batch, ExecResult(0.01, {i: Sample(0) for i, f in enumerate(batch.fragments) if f.samples}), 1.0)
+        s.check_integrity()
+
+    a = Branch("a", 0, tuple(range(40)), namespace="n")
+    run(a)
+    forged = Branch("b", 0, tuple(range(100, 140)), namespace="n")
+    s.add(forged)
+    forged.sched.hashes = list(a.sched.hashes)  # pretend every page hash collides with a's
+    s.admit(1.0)
+    batch = s.schedule(1.0)
+    assert [f.start for f in batch.fragments] == [0], "a colliding prefix must not be reused"
+    assert forged.cached_tokens == 0 and forged.sched.no_cache
+    s.complete(batch, ExecResult(0.01, {0: Sample(0)}), 1.0)
+    s.check_integrity()
+    assert s.holds_nothing()

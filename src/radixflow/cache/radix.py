@@ -146,6 +146,17 @@ class RadixIndex:
             node = node.parent
         return 0, None
 
+    def tokens_match(self, m: Match, tokens, start: int = 0) -> bool:
+        """True when the matched path's tokens in [start, ĥ) equal `tokens` there (guards against a
+        chain-hash collision, which the hash lookup alone cannot see)."""
+        node = m.node
+        while node is not None and not node.is_root and node.depth > start:
+            lo, hi = max(node.start, start), min(node.depth, m.depth)
+            if hi > lo and tuple(tokens[lo:hi]) != node.key[lo - node.start : hi - node.start]:
+                return False
+            node = node.parent
+        return True
+
     def pages_upto(self, m: Match, num_pages: int) -> list[int]:
         """Page ids of the first `num_pages` pages of the matched path."""
         assert num_pages * self.block_size <= m.depth

@@ -31,6 +31,8 @@ class _Track:
     rolling_depth: int = 0
     read_snapshot: Snapshot | None = None  # locked for the round that restores from it
     level: int = 0  # dependency depth of the branch's last fragment
+    verified: int = 0  # depth up to which a match was checked token by token
+    no_cache: bool = False  # a hash collision was detected: this branch neither reads nor writes the cache
 
 
 class _Plan(NamedTuple):
@@ -332,6 +334,8 @@ class Scheduler:
     def _register(self, b: Branch, full: int, now: float) -> None:
         """Registers the branch's full pages in the index (pending: usable by full attention this round)."""
         tr: _Track = b.sched
+        if tr.no_cache:
+            return
         if len(tr.hashes) < full:
             tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
         node, adopted = self.index.insert(b.namespace, b.tokens, tr.hashes, tr.page_table, full, now)
@@ -347,10 +351,11 @@ class Scheduler:
         boundary (a candidate end-of-branch snapshot) and the row's end (the working state)."""
         tr: _Track = b.sched
         out: list[tuple[int, int]] = []
-        if self.config.enable_prefix_caching and self.chunk_end:
+        caching = self.config.enable_prefix_caching and not tr.no_cache
+        if caching and self.chunk_end:
             if end % self.interval == 0:
                 self._capture_at(b, end, start, now, out)
-        elif self.config.enable_prefix_caching:
+        elif caching:
             first_b = (start // self.interval + 1) * self.interval
             for depth in range(first_b, end + 1, self.interval):
                 self._capture_at(b, depth, start, now, out)
@@ -442,13 +447,20 @@ class Scheduler:
 
     # ================================================================== helpers
     def _match(self, b: Branch) -> Match:
-        if not self.config.enable_prefix_caching:
-            return Match(0, None)
         tr: _Track = b.sched
+        if not self.config.enable_prefix_caching or tr.no_cache:
+            return Match(0, None)
         max_pages = (b.num_tokens - 1) // self.block_size
         if len(tr.hashes) < max_pages:
             tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
-        return self.index.match(tr.hashes, max_pages)
+        m = self.index.match(tr.hashes, max_pages)
+        if m.depth > tr.verified:
+            # Hashes find the match; tokens confirm it (once per new depth: the tree only loses tails).
+            if not self.index.tokens_match(m, b.tokens, tr.verified):
+                tr.no_cache = True  # a 64-bit chain-hash collision: run this branch uncached
+                return Match(0, None)
+            tr.verified = m.depth
+        return m
 
     def _demand(self, b: Branch) -> int:
         """Remaining prefill tokens of `b` if it started now from the published cache."""
