@@ -3,25 +3,14 @@ import importlib.util
 from radixflow.cli import main
 
 
+def _quick_args(tmp_path, model: str, arms: str) -> list[str]:
+    """A one-model, one-stream quick experiment with three questions."""
+    return ["experiment", "--quick", "--out", str(tmp_path), "--models", model, "--arms", arms,
+            "--streams", "cold", "--orders", "forward", "--questions", "3", "--jobs", "1"]
+
+
 def test_experiment_cli_runs_a_subset_and_resumes(tmp_path, capsys):
-    args = [
-        "experiment",
-        "--quick",
-        "--out",
-        str(tmp_path),
-        "--models",
-        "qwen3-8b",
-        "--arms",
-        "radix,radixflow",
-        "--streams",
-        "cold",
-        "--orders",
-        "forward",
-        "--questions",
-        "3",
-        "--jobs",
-        "1",
-    ]
+    args = _quick_args(tmp_path, "qwen3-8b", "radix,radixflow")
     n = 4 + 2 * (importlib.util.find_spec("radixflow.commands.trace") is not None)
     assert main(args) == 0
     assert f"{n} cells run, 0 already done, 0 failed" in capsys.readouterr().out
@@ -37,24 +26,7 @@ def test_experiment_cli_rejects_unknown_names(tmp_path, capsys):
 def test_experiment_cli_passes_the_snapshot_mode_to_the_scheduler(tmp_path, capsys):
     import json
 
-    args = [
-        "experiment",
-        "--quick",
-        "--out",
-        str(tmp_path),
-        "--models",
-        "qwen3.5-4b",
-        "--arms",
-        "radix",
-        "--streams",
-        "cold",
-        "--orders",
-        "forward",
-        "--questions",
-        "3",
-        "--jobs",
-        "1",
-    ]
+    args = _quick_args(tmp_path, "qwen3.5-4b", "radix")
     assert main([*args, "--snapshot-mode", "chunk-end"]) == 0
     cell = tmp_path / "cells" / "qa__qwen3.5-4b__radix__cold__forward.json"
     assert json.loads(cell.read_text())["meta"]["fingerprint"]["snapshot_mode"] == "chunk-end"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,7 +45,7 @@ class AdmissionView:
     has_running: bool
     max_rows: int
     max_tokens: int
-    demand: callable  # Branch -> remaining prefill tokens against the current published cache
+    demand: Callable[[Branch], int]  # remaining prefill tokens against the current published cache
 
 
 class Admission(Protocol):
