@@ -75,8 +75,9 @@ def test_a_blocked_consumer_whose_pages_do_not_fit_is_other_and_stops_the_scan(m
     assert set(step1.num_scheduled_tokens) == {"r0"} and step1.deferred == []
     # Proof that the page check decided it: calling r1 Blocked regardless lets r2 in.
     from radixflow.integrations.vllm import scheduler as plugin_scheduler
+    from radixflow.integrations.vllm.readiness import PublishedNeed
 
-    monkeypatch.setattr(plugin_scheduler, "fits_once_state_is_published", lambda *a, **k: True)
+    monkeypatch.setattr(plugin_scheduler, "blocks_once_state_is_published", lambda *a, **k: PublishedNeed(0, 0))
     assert set(first_rows().num_scheduled_tokens) == {"r0", "r2"}
 
 
