@@ -65,6 +65,7 @@ class StepClaim:
     deferred: list[str] = field(default_factory=list)
     reserved_tokens: int = 0
     reserved_blocks: int = 0
+    base_growth: int = 0
     started: bool = False  # base_rows / base_tokens have been counted
 
     @property
@@ -79,10 +80,13 @@ class StepClaim:
         tokens_ok = self.base_tokens + self.reserved_tokens < self.max_tokens
         return rows_ok and tokens_ok and self.reserved_blocks + blocks <= free_blocks
 
-    def defer(self, request_id: str, tokens: int, blocks: int) -> None:
+    def defer(self, request_id: str, tokens: int, blocks: int, growth_blocks: int = 0) -> None:
+        """Reserve a deferred request's next fragment (`tokens`, `blocks`) and the blocks its decode
+        takes after that (`growth_blocks`)."""
         self.deferred.append(request_id)
         self.reserved_tokens += min(tokens, self.max_tokens)
         self.reserved_blocks += blocks
+        self.base_growth += growth_blocks
 
     def fits_beside(self, share: NextStepShare) -> bool:
         """Claim rule (a)/(b) for rows and tokens; the blocks are left to vLLM's allocator."""
@@ -92,6 +96,15 @@ class StepClaim:
             return False
         return True
 
-    def admit(self, share: NextStepShare) -> None:
+    def admit(self, share: NextStepShare, growth_blocks: int = 0) -> None:
+        """Count an admitted (or already running) request's next-step share, and the blocks it will
+        still take after this step until it reaches its length cap."""
         self.base_rows += share.rows
         self.base_tokens += share.tokens
+        self.base_growth += growth_blocks
+
+    @property
+    def blocks_to_keep(self) -> int:
+        """Free blocks an admission past the deferred requests must leave: their next-step blocks and
+        the growth of everything admitted, so the admission sets up no preemption of its own."""
+        return self.reserved_blocks + self.base_growth

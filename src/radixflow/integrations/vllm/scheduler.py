@@ -154,9 +154,9 @@ class StateReadyMixin:
             return self._defer_or_refuse(request, lookup, hit_blocks, num_hit_tokens, num_new_tokens, group)
         if self._claim.active:
             share = self._share(request, num_computed_tokens, num_new_tokens)
-            if not self._claim.fits_beside(share):
+            if not self._claim.fits_beside(share) or self._cut_by_budget(request, num_hit_tokens, num_new_tokens):
                 return self._refuse(request, num_new_tokens)
-            self._claim.admit(share)
+            self._claim.admit(share, self._growth(request, num_computed_tokens + num_new_tokens, share))
             if not share.finishes:
                 self._reserve_for = request.request_id
         self._scheduled_now[request.request_id] = (num_computed_tokens, num_new_tokens)
@@ -192,7 +192,9 @@ class StateReadyMixin:
         # still serve it beside the requests deferred before it; otherwise it is Other (SPEC §3, §12).
         if max(gate, fragment) > free or not self._claim.room_for_deferral(fragment, free):
             return self._refuse(request, num_new_tokens) if self._claim.active else num_new_tokens
-        self._claim.defer(request.request_id, request.num_tokens - num_hit_tokens, fragment)
+        full = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+        growth = max(token_blocks(manager, full) - token_blocks(manager, min(request.num_tokens, full)), 0)
+        self._claim.defer(request.request_id, request.num_tokens - num_hit_tokens, fragment, growth)
         self.blocked_last_step.append(request.request_id)
         self.num_blocked_deferrals += 1
         if request.num_computed_tokens + num_hit_tokens < request.num_tokens - 1:
@@ -202,6 +204,17 @@ class StateReadyMixin:
             self.encoder_cache_manager.free(request)
         # 0 tokens is vLLM's own cue to defer this request for the step and keep scanning.
         return 0
+
+    def _cut_by_budget(self, request: Request, num_hit_tokens: int, num_new_tokens: int) -> bool:
+        # vLLM's align mode caches a state only where a chunk ends: a chunk cut short by what is left
+        # of this step's budget would publish at a boundary the native order does not produce, and
+        # move the hits of that request's siblings. Past a deferred request only uncut chunks go.
+        whole = request.num_tokens - request.num_computed_tokens - num_hit_tokens
+        threshold = self.scheduler_config.long_prefill_token_threshold
+        if threshold > 0:
+            whole = min(whole, threshold)
+        whole = min(whole, self.max_num_scheduled_tokens)
+        return num_new_tokens < self._mamba_block_aligned_split(request, whole, num_hit_tokens, 0)
 
     def _slot_tokens(self, num_hit_tokens: int, num_new_tokens: int) -> int:
         return min(num_hit_tokens + num_new_tokens + self.num_lookahead_tokens, self.max_model_len)
@@ -218,7 +231,19 @@ class StateReadyMixin:
             return
         self._claim.started = True
         for running in self.running:
-            self._claim.admit(self._share(running, *self._scheduled_now.get(running.request_id, (None, 0))))
+            computed, scheduled = self._scheduled_now.get(running.request_id, (None, 0))
+            share = self._share(running, computed, scheduled)
+            end = (running.num_computed_tokens if computed is None else computed) + scheduled
+            self._claim.admit(share, self._growth(running, end, share))
+
+    def _growth(self, request: Request, end: int, share) -> int:
+        # Blocks the request still takes after this step until it reaches its length cap: admitting
+        # past a deferred request must not set up a preemption the native order would not have.
+        if share.finishes:
+            return 0
+        full = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+        manager = self.kv_cache_manager
+        return max(token_blocks(manager, full) - token_blocks(manager, min(end, full)), 0)
 
     def _share(self, request: Request, num_computed_tokens: int | None, num_new_tokens: int):
         if num_computed_tokens is None:
@@ -249,7 +274,7 @@ class StateReadyMixin:
             return None
         if self._reserve_for == request.request_id:
             self._reserve_for = None
-            kwargs["reserved_blocks"] = kwargs.get("reserved_blocks", 0) + self._claim.reserved_blocks
+            kwargs["reserved_blocks"] = kwargs.get("reserved_blocks", 0) + self._claim.blocks_to_keep
         return manager_allocate(self.kv_cache_manager, request, *args, **kwargs)
 
 
