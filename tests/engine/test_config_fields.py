@@ -187,13 +187,12 @@ def with_config(saved, family, tmp_path, **changes):
 _DELETE = object()
 
 REFUSED = [
-    ("qwen3_5", {"hidden_act": "prelu"}, "hidden_act='prelu' carries learned parameters"),
-    ("qwen3_5", {"hidden_act": "xielu"}, "hidden_act='xielu'"),
+    ("qwen3_5", {"hidden_act": "xielu"}, "hidden_act='xielu' keeps its learned parameters in bfloat16"),
     ("qwen3_5", {"hidden_act": "swiglu"}, "hidden_act='swiglu' is not a known activation"),
-    ("qwen3", {"hidden_act": "prelu"}, "hidden_act='prelu'"),
+    ("qwen3", {"hidden_act": "xielu"}, "hidden_act='xielu'"),
     ("qwen3", {"hidden_act": 3}, "hidden_act=3"),
     ("nemotron_h", {"mlp_hidden_act": "geglu"}, "mlp_hidden_act='geglu'"),
-    ("nemotron_h", {"mamba_hidden_act": "prelu"}, "mamba_hidden_act='prelu'"),
+    ("nemotron_h", {"mamba_hidden_act": "xielu"}, "mamba_hidden_act='xielu'"),
     ("nemotron_h", {"attention_bias": True}, "attention_bias=true is not supported for nemotron_h"),
     ("nemotron_h", {"mamba_proj_bias": True}, "mamba_proj_bias=true"),
     ("nemotron_h", {"sliding_window": 512}, "sliding_window"),

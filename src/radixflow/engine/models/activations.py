@@ -1,8 +1,10 @@
 """Activation functions by the names Hugging Face configs use (`hidden_act`, `mlp_hidden_act`, ...).
 
-The table covers every parameter-free activation transformers 5.23 accepts for these fields, each
-written out here with the same formula. `prelu` and `xielu` carry learned parameters of their own
-that the families' checkpoints do not hold, so they are refused, as is any unknown name.
+The table covers every activation transformers 5.23 accepts for these fields, each written out
+here with the same formula. `prelu` has one learned slope: an MLP's `act_fn` holds it as a
+parameter (`mlp.act_fn.weight` in the checkpoint), while a conv activation named by the config is
+a fresh default (slope 0.25), as transformers instantiates it per call. `xielu` is refused: its
+learned parameters are kept in bfloat16 whatever the model dtype, so no fp32 load could match.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
@@ -54,13 +57,43 @@ ACTIVATIONS: dict[str, Activation] = {
     "swish": F.silu,
     "tanh": torch.tanh,
 }
-_WITH_PARAMETERS = ("prelu", "xielu")
+_PRELU_INIT = 0.25
+# a fresh nn.PReLU(): what transformers' conv applies when the config names prelu
+ACTIVATIONS["prelu"] = lambda x: F.prelu(x, torch.full((1,), _PRELU_INIT, dtype=x.dtype, device=x.device))
+_REFUSED = {"xielu": "keeps its learned parameters in bfloat16 whatever the model dtype (not supported)"}
 
 
 def get_activation(name: object, field: str) -> Activation:
     """The activation called `name`; ValueError naming the config field when it is not supported."""
     if isinstance(name, str) and name in ACTIVATIONS:
         return ACTIVATIONS[name]
-    why = ("carries learned parameters the checkpoint does not hold" if name in _WITH_PARAMETERS
-           else "is not a known activation")
+    why = _REFUSED.get(name, "is not a known activation") if isinstance(name, str) else "is not a known activation"
     raise ValueError(f"config.json: {field}={name!r} {why}; supported: {', '.join(sorted(ACTIVATIONS))}")
+
+
+class PReLU(nn.Module):
+    """PReLU with one learned slope, stored as `weight` like nn.PReLU()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((1,), _PRELU_INIT))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.prelu(x, self.weight)
+
+
+class Fn(nn.Module):
+    """A parameter-free activation as a module (an MLP's `act_fn`)."""
+
+    def __init__(self, fn: Activation) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+def activation_module(name: object, field: str) -> nn.Module:
+    """An MLP's `act_fn` for `name` (checked like get_activation); prelu's slope is a parameter."""
+    fn = get_activation(name, field)
+    return PReLU() if name == "prelu" else Fn(fn)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .activations import ACTIVATIONS, Activation
+from .activations import ACTIVATIONS, Fn
 
 
 def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -107,9 +107,9 @@ def by_token_blocks(fn, x: torch.Tensor, block: int = TOKEN_BLOCK) -> torch.Tens
 class GatedMLP(nn.Module):
     """Gated MLP: down(act(gate(x)) * up(x)); SwiGLU with the default silu."""
 
-    def __init__(self, hidden: int, inter: int, bias: bool = False, act: Activation = F.silu) -> None:
+    def __init__(self, hidden: int, inter: int, bias: bool = False, act: nn.Module | None = None) -> None:
         super().__init__()
-        self.act = act
+        self.act_fn = act if act is not None else Fn(F.silu)
         self.gate_proj = nn.Linear(hidden, inter, bias=bias)
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
@@ -118,16 +118,15 @@ class GatedMLP(nn.Module):
         return by_token_blocks(self._mlp, x)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class PlainMLP(nn.Module):
     """Ungated MLP: down(act(up(x))); Nemotron-H's, relu^2 by default."""
 
-    def __init__(self, hidden: int, inter: int, bias: bool = False,
-                 act: Activation = ACTIVATIONS["relu2"]) -> None:
+    def __init__(self, hidden: int, inter: int, bias: bool = False, act: nn.Module | None = None) -> None:
         super().__init__()
-        self.act = act
+        self.act_fn = act if act is not None else Fn(ACTIVATIONS["relu2"])
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
 
@@ -135,4 +134,4 @@ class PlainMLP(nn.Module):
         return by_token_blocks(self._mlp, x)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.up_proj(x)))
+        return self.down_proj(self.act_fn(self.up_proj(x)))

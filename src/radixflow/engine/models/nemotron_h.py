@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .activations import get_activation
+from .activations import PReLU, activation_module, get_activation
 from .attention import SelfAttention
 from .base import CausalLM, cfg_get, eos_ids
 from .batch import BatchContext
@@ -115,7 +115,11 @@ class Mamba2Mixer(nn.Module):
     def __init__(self, c: NemotronHConfig, state_index: int) -> None:
         super().__init__()
         self.state_index, self.c = state_index, c
-        self.act = get_activation(c.mamba_hidden_act, "mamba_hidden_act")  # the conv's activation
+        self.conv_act = get_activation(c.mamba_hidden_act, "mamba_hidden_act")
+        if c.mamba_hidden_act == "prelu":
+            # transformers registers `act` (so the checkpoint holds its slope) but its conv applies a
+            # fresh default activation: the stored slope is loaded and, as there, never used
+            self.act = PReLU()
         self.inner = c.mamba_num_heads * c.mamba_head_dim
         self.conv_dim = self.inner + 2 * c.n_groups * c.ssm_state_size
         proj = self.inner + self.conv_dim + c.mamba_num_heads
@@ -136,7 +140,8 @@ class Mamba2Mixer(nn.Module):
     def forward(self, x: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
         c, n = self.c, x.shape[0]
         gate, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, c.mamba_num_heads], dim=-1)
-        xbc = causal_conv(xbc, self.conv1d.weight, self.conv1d.bias, batch, cache, self.state_index, self.act)
+        xbc = causal_conv(xbc, self.conv1d.weight, self.conv1d.bias, batch, cache, self.state_index,
+                          self.conv_act)
         gs = c.n_groups * c.ssm_state_size
         xs, b, cc = xbc.split([self.inner, gs, gs], dim=-1)
         xs = xs.reshape(n, c.mamba_num_heads, c.mamba_head_dim)
@@ -189,7 +194,7 @@ class NemotronHForCausalLM(CausalLM):
                 kv += 1
             else:
                 mixer = PlainMLP(c.hidden_size, c.intermediate_size, bias=c.mlp_bias,
-                                 act=get_activation(c.mlp_hidden_act, "mlp_hidden_act"))
+                                 act=activation_module(c.mlp_hidden_act, "mlp_hidden_act"))
             layers.append(Block(c, kind, mixer))
         self.model = _Trunk(c, layers)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .activations import get_activation
+from .activations import activation_module, get_activation
 from .attention import SelfAttention
 from .base import CausalLM, cfg_get, eos_ids, rope_params
 from .batch import BatchContext
@@ -98,7 +98,7 @@ class GatedDeltaNet(nn.Module):
     def __init__(self, c: Qwen35Config, state_index: int) -> None:
         super().__init__()
         self.state_index = state_index
-        self.act = get_activation(c.hidden_act, "hidden_act")  # the conv's activation, as transformers
+        self.conv_act = get_activation(c.hidden_act, "hidden_act")  # as transformers' conv
         self.nk, self.nv = c.linear_num_key_heads, c.linear_num_value_heads
         self.dk, self.dv = c.linear_key_head_dim, c.linear_value_head_dim
         conv_dim = 2 * self.nk * self.dk + self.nv * self.dv
@@ -119,7 +119,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
         n = x.shape[0]
         mixed = causal_conv(self.in_proj_qkv(x), self.conv1d.weight, None, batch, cache, self.state_index,
-                            self.act)
+                            self.conv_act)
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
         q = _l2norm(q.reshape(n, self.nk, self.dk)) * self.dk ** -0.5
         k = _l2norm(k.reshape(n, self.nk, self.dk))
@@ -146,7 +146,7 @@ class DecoderLayer(nn.Module):
         self.add_module(self.mixer_name, mixer)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, zero_centered)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, zero_centered)
-        self.mlp = GatedMLP(c.hidden_size, c.intermediate_size, act=get_activation(c.hidden_act, "hidden_act"))
+        self.mlp = GatedMLP(c.hidden_size, c.intermediate_size, act=activation_module(c.hidden_act, "hidden_act"))
 
     def forward(self, h: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
         h = h + getattr(self, self.mixer_name)(self.input_layernorm(h), batch, cache)
