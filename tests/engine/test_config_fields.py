@@ -233,3 +233,10 @@ def test_nemotron_tie_flag_needs_a_stored_head(saved, tmp_path):
     save_file(state, str(d / "model.safetensors"))
     with pytest.raises(ValueError, match="never ties its head.*no lm_head.weight"):
         load_model(d)
+
+
+def test_every_transformers_activation_is_supported_or_refused():
+    """A transformers upgrade that adds an activation fails here until it is added or refused."""
+    from transformers.activations import ACT2CLS
+
+    assert set(ACT2CLS) - set(ACTIVATIONS) == {"xielu"} and set(ACTIVATIONS) <= set(ACT2CLS)
