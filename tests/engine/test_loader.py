@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from radixflow.engine.loader import ModelLoadError, load_model
+from radixflow.engine.loader import ModelLoadError, check_model, load_model
 from radixflow.engine.models import RowInput
 from radixflow.engine.tiny import ensure_tiny_model
 
@@ -190,12 +190,28 @@ def _break(d, name, data):
 
 
 @pytest.mark.parametrize("what,name,data,message", BROKEN, ids=[b[0] for b in BROKEN])
-def test_broken_file_one_line_naming_it(what, name, data, message, tiny, tmp_path):
+@pytest.mark.parametrize("load", [load_model, check_model], ids=["load_model", "check_model"])
+def test_broken_file_one_line_naming_it(load, what, name, data, message, tiny, tmp_path):
     d = copy(tiny, tmp_path / "broken")
     f = _break(d, name, data)
     with pytest.raises(ModelLoadError, match=message) as e:
-        load_model(d)
+        load(d)
     assert str(e.value).startswith(str(f)) and "\n" not in str(e.value)
+
+
+def test_check_model_reads_headers_only(tiny, tmp_path, monkeypatch):
+    import radixflow.engine.loader as loader
+
+    def no_data(*a, **k):
+        raise AssertionError("check_model read tensor data")
+
+    monkeypatch.setattr(loader, "load_file", no_data)
+    assert check_model(tiny) == tiny
+    d = copy(tiny, tmp_path / "extra")
+    state = load_file(str(d / "model.safetensors"))
+    save_file({**state, "model.extra.weight": torch.zeros(2)}, str(d / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="model.extra.weight"):
+        check_model(d)
 
 
 @pytest.mark.parametrize("what,name,data,message", BROKEN[:3], ids=[b[0] for b in BROKEN[:3]])
@@ -204,6 +220,7 @@ def test_broken_file_cli_exit_2(what, name, data, message, tiny, tmp_path, capsy
 
     d = copy(tiny, tmp_path / "broken")
     f = _break(d, name, data)
-    assert main(["bench", "--model", str(d), "--questions", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"radixflow bench: error: {f}" in err and "Traceback" not in err
+    for command in (["bench", "--questions", "1"], ["serve", "--port", "0"]):  # serve: before the port opens
+        assert main([*command, "--model", str(d)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"radixflow {command[0]}: error: {f}" in err and "Traceback" not in err

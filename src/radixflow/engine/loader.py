@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from .models import CausalLM, build_model
@@ -43,14 +43,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Load weights, config and tokenizer from an HF-format directory."""
     path = Path(path)
-    hf_config = read_config(path)
-    try:
-        with torch.device("meta"):
-            model = build_model(hf_config)
-    except ValueError as e:
-        raise ModelLoadError(f"{path / 'config.json'}: {_strip(str(e))}") from None
-    except TypeError as e:  # e.g. "hidden_size": "64"
-        raise ModelLoadError(f"{path / 'config.json'}: a field has the wrong type ({_one_line(e)})") from None
+    model = _build(path)
     state = _normalise(read_weights(path), model, path)
     _check(state, model, path)
     state = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
@@ -58,6 +51,28 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     model.load_state_dict(state, strict=True, assign=True)
     model.eval()
     return LoadedModel(model, _tokenizer(path), model.config, path)
+
+
+def check_model(path: str | Path) -> Path:
+    """Everything `load_model` checks, reading only the safetensors headers (no weights): a server
+    calls this before it opens its port. Returns the path; ModelLoadError / FileNotFoundError else."""
+    path = Path(path)
+    model = _build(path)
+    _check(_normalise(read_weights(path, headers_only=True), model, path), model, path)
+    _tokenizer(path)
+    return path
+
+
+def _build(path: Path) -> CausalLM:
+    """The model of `path/config.json` on the meta device (no memory), or ModelLoadError."""
+    hf_config = read_config(path)
+    try:
+        with torch.device("meta"):
+            return build_model(hf_config)
+    except ValueError as e:
+        raise ModelLoadError(f"{path / 'config.json'}: {_strip(str(e))}") from None
+    except TypeError as e:  # e.g. "hidden_size": "64"
+        raise ModelLoadError(f"{path / 'config.json'}: a field has the wrong type ({_one_line(e)})") from None
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -82,8 +97,9 @@ def read_json_object(f: Path) -> dict[str, Any]:
     return data
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the directory's safetensors files (sharded via model.safetensors.index.json)."""
+def read_weights(path: Path, headers_only: bool = False) -> dict[str, torch.Tensor]:
+    """All tensors of the directory's safetensors files (sharded via model.safetensors.index.json);
+    `headers_only`: meta tensors of the stored shapes, reading no tensor data."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json_object(index).get("weight_map")
@@ -100,7 +116,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{path} has no *.safetensors weights")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        tensors = _read_safetensors(f)
+        tensors = _read_safetensors(f, headers_only)
         twice = sorted(set(tensors) & set(state))
         if twice:
             raise ModelLoadError(f"{f}: tensor {twice[0]!r} is also in another shard ({len(twice)} such)")
@@ -112,9 +128,12 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _read_safetensors(f: Path) -> dict[str, torch.Tensor]:
+def _read_safetensors(f: Path, headers_only: bool = False) -> dict[str, torch.Tensor]:
     try:
-        return load_file(str(f))
+        if not headers_only:
+            return load_file(str(f))
+        with safe_open(str(f), "pt") as st:  # validates the header and that the file covers it
+            return {k: torch.empty(st.get_slice(k).get_shape(), device="meta") for k in st.keys()}
     except (SafetensorError, OSError) as e:   # truncated, bad header, unreadable
         raise ModelLoadError(f"{f}: not a readable safetensors file ({_one_line(e)})") from None
 
@@ -166,7 +185,7 @@ def _tie_head(out: dict[str, torch.Tensor], model: CausalLM, path: Path) -> None
     embed = next(k for k in model.state_dict() if k.startswith("model.embed"))
     if embed not in out:
         return  # reported as missing by _check
-    if LM_HEAD in out and not torch.equal(out[LM_HEAD], out[embed]):
+    if LM_HEAD in out and not out[LM_HEAD].is_meta and not torch.equal(out[LM_HEAD], out[embed]):
         raise ModelLoadError(f"{path}: tie_word_embeddings=true, but the checkpoint's {LM_HEAD} differs "
                              f"from {embed}; set tie_word_embeddings=false to use it")
     out[LM_HEAD] = out[embed]
