@@ -193,7 +193,10 @@ def test_finish_abort_and_preemption_leave_no_blocks_behind():
     step1 = harness.run_step(scheduler)
     assert step1.deferred, "the consumers of q0's document should be deferred in step 1"
     deferred_victim = step1.deferred[0]
-    running_victim = next(r for r in step1.num_scheduled_tokens if r != "q0")
+    # The unrelated requests are refused in step 1 (the deferred consumers' claim on this tight pool);
+    # a running victim is taken from step 2.
+    step2 = harness.run_step(scheduler)
+    running_victim = next(r for r in step2.num_scheduled_tokens if r not in ("q0", deferred_victim))
     scheduler.finish_requests([deferred_victim, running_victim], RequestStatus.FINISHED_ABORTED)
     run_to_completion(harness, scheduler)
 
