@@ -8,7 +8,14 @@ import torch
 
 from radixflow.core.batch import Batch, ExecResult, Sample
 from radixflow.engine.models.cache import ModelCache, RowInput
-from radixflow.engine.sampling import RowContext, Sampler, SamplingParams, make_generator, top_logprobs
+from radixflow.engine.sampling import (
+    RowContext,
+    Sampler,
+    SamplingParams,
+    first_stop,
+    make_generator,
+    top_logprobs,
+)
 from radixflow.engine.structured import GrammarState
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
@@ -26,8 +33,8 @@ class RequestState:
         self.logprobs: list[float | None] = []
         self.top_logprobs: list[list[tuple[int, float]] | None] = []
         self.prompt_logits: torch.Tensor | None = None
-        # position q >= 1 -> (logprob of prompt[q], top-k pairs), filled as prefill runs
-        self.prompt_logprobs: dict[int, tuple[float, list[tuple[int, float]]]] = {}
+        # position q >= 1 -> (logprob of prompt[q], its rank, top-k pairs), filled as prefill runs
+        self.prompt_logprobs: dict[int, tuple[float, int, list[tuple[int, float]]]] = {}
 
 
 class EngineExecutor:
@@ -99,7 +106,9 @@ class EngineExecutor:
         for row, j in enumerate(at):
             q = f.start + j + 1
             if q < len(prompt):
-                st.prompt_logprobs[q] = (float(logp[row, prompt[q]]), top_logprobs(logp[row], k))
+                lp = logp[row, prompt[q]]
+                rank = int((logp[row] > lp).sum()) + 1
+                st.prompt_logprobs[q] = (float(lp), rank, top_logprobs(logp[row], k))
 
     def _state(self, branch) -> RequestState:
         if branch.user_data is None:
@@ -109,5 +118,8 @@ class EngineExecutor:
     def _stop_string(self, branch, token: int, params: SamplingParams) -> str | None:
         if not params.stop or self.tokenizer is None or len(branch.output) + 1 < params.min_tokens:
             return None
-        text = self.tokenizer.decode(list(branch.output) + [token], params.skip_special_tokens)
-        return "stop" if any(s in text for s in params.stop) else None
+        out = list(branch.output) + [token]
+        text = self.tokenizer.decode(out, params.skip_special_tokens)
+        floor = len(self.tokenizer.decode(out[:params.min_tokens - 1], params.skip_special_tokens)) \
+            if params.min_tokens > 1 else 0
+        return "stop" if first_stop(text, params.stop, floor) else None

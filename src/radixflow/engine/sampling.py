@@ -111,6 +111,13 @@ class SamplingParams:
                                  f"[0, {vocab_size})")
 
 
+def first_stop(text: str, stops: list[str], floor: int = 0) -> tuple[int, str] | None:
+    """The earliest stop string in `text` that ends past character `floor` (min_tokens: a stop
+    string inside the first min_tokens - 1 tokens' text does not count), as (index, string)."""
+    hits = [(i, s) for s in stops if (i := text.find(s, max(0, floor - len(s) + 1))) >= 0]
+    return min(hits, key=lambda h: h[0]) if hits else None
+
+
 def make_generator(params: SamplingParams, device: str | torch.device = "cpu") -> torch.Generator:
     """The row's generator: seeded from `params.seed`, else from fresh OS entropy."""
     gen = torch.Generator(device=device)
