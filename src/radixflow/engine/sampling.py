@@ -77,7 +77,7 @@ class SamplingParams:
              "must be non-negative ints"),
             ("presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),
             ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
-            ("repetition_penalty", 0 < self.repetition_penalty <= 2, "must be in (0, 2]"),
+            ("repetition_penalty", self.repetition_penalty > 0, "must be > 0"),
             ("logit_bias", ids(self.logit_bias), "keys must be non-negative token ids"),
             ("allowed_token_ids", self.allowed_token_ids is None or (self.allowed_token_ids and
                                                                      ids(self.allowed_token_ids)),

@@ -102,7 +102,7 @@ class SamplingFields(_Body):
     ignore_eos: bool = False
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
     logit_bias: dict[str, float] | None = None
     min_tokens: int = Field(0, ge=0)
     allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
