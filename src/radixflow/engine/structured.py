@@ -64,10 +64,11 @@ class GrammarCompiler:
         """The compiled grammar; ValueError naming the problem for a bad schema, regex or grammar."""
         c = self._compiler
         try:
-            if spec.kind == "json_schema":
-                g = c.compile_json_schema(spec.value, any_whitespace=spec.any_whitespace)
-            elif spec.kind == "json_object":
-                g = c.compile_builtin_json_grammar()
+            # compact separators when free whitespace is off, as vLLM's xgrammar backend does
+            seps = None if spec.any_whitespace else (",", ":")
+            if spec.kind in ("json_schema", "json_object"):
+                schema = spec.value if spec.kind == "json_schema" else '{"type": "object"}'  # vLLM's json_object
+                g = c.compile_json_schema(schema, any_whitespace=spec.any_whitespace, separators=seps)
             elif spec.kind == "regex":
                 g = c.compile_regex(spec.value)
             elif spec.kind == "choice":

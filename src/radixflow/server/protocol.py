@@ -181,6 +181,9 @@ class SamplingFields(_Body):
              "it needs logprobs to be set"),
         ]
         out += [(f, f"{f} is not supported: {why}") for f, on, why in refuse if on]
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats:
+            out.append(("stream_options.continuous_usage_stats", "stream_options.continuous_usage_stats is "
+                        "not supported: usage comes once, in the last chunk (include_usage)"))
         so = self.structured_outputs
         if so is not None:
             if so.structural_tag is not None:
