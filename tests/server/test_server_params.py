@@ -319,3 +319,14 @@ def test_bad_values_are_400s_naming_the_field(hybrid_server, field, value, param
     r = hybrid_server.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4, field: value})
     assert r.status_code == 400, r.text
     assert error_of(r)["param"] == param
+
+
+def test_fields_that_need_another_field(hybrid_server):
+    msgs = [{"role": "user", "content": "x"}]
+    r = hybrid_server.post("/v1/chat/completions", json={"model": MODEL, "messages": msgs, "top_logprobs": 3})
+    assert r.status_code == 400 and error_of(r)["param"] == "top_logprobs"
+    r = hybrid_server.post("/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                    "stream_options": {"include_usage": True}})
+    assert r.status_code == 400 and error_of(r)["param"] == "stream_options"
+    r = hybrid_server.post("/v1/completions", json={"model": MODEL, "prompt": "x", "namespace": "a\u0000b"})
+    assert r.status_code == 400 and error_of(r)["param"] == "namespace"

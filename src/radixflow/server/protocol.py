@@ -181,6 +181,8 @@ class SamplingFields(_Body):
              "it needs logprobs to be set"),
         ]
         out += [(f, f"{f} is not supported: {why}") for f, on, why in refuse if on]
+        if self.stream_options is not None and not self.stream:
+            out.append(("stream_options", "stream_options is only allowed with stream: true"))
         if self.stream_options is not None and self.stream_options.continuous_usage_stats:
             out.append(("stream_options.continuous_usage_stats", "stream_options.continuous_usage_stats is "
                         "not supported: usage comes once, in the last chunk (include_usage)"))
@@ -358,6 +360,8 @@ class ChatCompletionRequest(SamplingFields):
             ("mm_processor_kwargs", self.mm_processor_kwargs is not None, "multimodal input is not supported"),
         ]
         out += [(f, f"{f} is not supported: {why}") for f, on, why in refuse if on]
+        if self.top_logprobs and not self.logprobs:
+            out.append(("top_logprobs", "top_logprobs needs logprobs: true"))
         if self.continue_final_message and self.add_generation_prompt:
             out.append(("continue_final_message", "continue_final_message cannot be used with "
                         "add_generation_prompt (set add_generation_prompt to false)"))
