@@ -78,10 +78,12 @@ def test_reported_logprobs_stay_raw_and_named_tokens_are_reported():
     assert [t for t, _ in out.top_logprobs[0]] == [1, 5]
 
 
-def test_a_row_with_nothing_left_to_sample_is_an_error():
+def test_a_row_with_nothing_left_to_sample_falls_back_to_the_raw_logits():
+    x = torch.tensor([[0.0, 1.0, 5.0, 2.0]])
     p = SamplingParams(temperature=0, allowed_token_ids=[2], bad_words_token_ids=[[2]])
-    with pytest.raises(ValueError, match="every token is masked"):
-        Sampler()(torch.zeros(1, 5), [p])
+    assert Sampler()(x, [p]).token_ids == [2]  # the batch is not failed for one row's contradiction
+    other = SamplingParams(temperature=0, allowed_token_ids=[1])
+    assert Sampler()(x.repeat(2, 1), [p, other]).token_ids == [2, 1]
 
 
 def test_params_name_out_of_vocabulary_ids():

@@ -12,6 +12,7 @@ The per-row pipeline follows vLLM's v1 sampler, in its order:
    probability is below min_p × the top probability), top-k, top-p (nucleus), then one draw from the
    row's own `torch.Generator` (seeded rows are reproducible whatever else is in the batch).
 
+A row whose settings mask every token falls back to the grammar mask alone, else the raw logits.
 Reported logprobs are those of the model's distribution (log-softmax of the raw logits), not of the
 modified one, as vLLM reports them by default.
 """
@@ -226,6 +227,17 @@ def process_row(row: torch.Tensor, p: SamplingParams, ctx: RowContext) -> torch.
     return row
 
 
+def _fallback(row: torch.Tensor, ctx: RowContext) -> torch.Tensor:
+    """When the row's own settings mask every token (say `allowed_token_ids` = only EOS with
+    `min_tokens`, or a completed grammar that allows only EOS), the grammar alone decides, else the
+    raw logits: one request's contradiction must not fail the whole batch."""
+    if ctx.grammar is not None:
+        masked = ctx.grammar.mask(row)
+        if bool(torch.isfinite(masked).any()):
+            return masked
+    return row
+
+
 def _needs_processing(p: SamplingParams, ctx: RowContext) -> bool:
     return (ctx.grammar is not None or p.allowed_token_ids is not None or bool(p.bad_words_token_ids)
             or (p.min_tokens > 0 and len(ctx.output) < p.min_tokens) or bool(p.logit_bias) or p.has_penalties)
@@ -246,8 +258,7 @@ class Sampler:
         for i, p in enumerate(params):
             row = process_row(logits[i], p, ctxs[i]) if _needs_processing(p, ctxs[i]) else logits[i]
             if not bool(torch.isfinite(row).any()):
-                raise ValueError(f"row {i}: every token is masked (allowed_token_ids, bad_words, "
-                                 "min_tokens, logit_bias and the grammar leave nothing to sample)")
+                row = _fallback(logits[i], ctxs[i])
             chosen.append(self._choose(row, p, gens[i]))
         out = SampleOutput(chosen, [None] * len(params), [None] * len(params))
         if any(p.logprobs is not None for p in params):
