@@ -262,6 +262,10 @@ def test_nulls_mean_defaults(hybrid_server):
     assert out.status_code == 200, out.text
     body = out.json()
     assert body["choices"][0]["text"] == plain.choices[0].text and body["usage"]["completion_tokens"] == 16
+    via_client = client.completions.create(model=MODEL, prompt="null test", seed=9, temperature=None, top_p=None,
+                                           n=None, max_tokens=None, echo=None, logprobs=None, stream=None,
+                                           stop=None, presence_penalty=None, extra_body={"ignore_eos": True})
+    assert via_client.choices[0].text == plain.choices[0].text
     chat_nulls = {k: None for k in NULLABLE if k not in ("suffix", "best_of", "logprobs")}
     r = hybrid_server.post("/v1/chat/completions", json={
         "model": MODEL, "messages": [{"role": "user", "content": "x"}], **chat_nulls, "logprobs": None,
@@ -330,3 +334,19 @@ def test_fields_that_need_another_field(hybrid_server):
     assert r.status_code == 400 and error_of(r)["param"] == "stream_options"
     r = hybrid_server.post("/v1/completions", json={"model": MODEL, "prompt": "x", "namespace": "a\u0000b"})
     assert r.status_code == 400 and error_of(r)["param"] == "namespace"
+
+
+def test_streamed_echo_carries_prompt_logprobs_and_stop_reason(hybrid_server):
+    client = hybrid_server.client()
+    prompt = _ids(12, 12)
+    full = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0, echo=True, logprobs=1,
+                                     stop=["AA"], logit_bias={"65": 100})
+    chunks = [c for c in client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
+                                                   echo=True, logprobs=1, stop=["AA"], logit_bias={"65": 100},
+                                                   stream=True) if c.choices]
+    lps = [lp for c in chunks if c.choices[0].logprobs for lp in c.choices[0].logprobs.token_logprobs]
+    assert lps[:len(prompt)] == pytest.approx(full.choices[0].logprobs.token_logprobs[:len(prompt)], abs=1e-4)
+    assert lps[0] is None and all(v is not None for v in lps[1:])
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices[0].model_extra["stop_reason"] == "AA"
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
