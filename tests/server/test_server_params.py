@@ -350,3 +350,13 @@ def test_streamed_echo_carries_prompt_logprobs_and_stop_reason(hybrid_server):
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert chunks[-1].choices[0].model_extra["stop_reason"] == "AA"
     assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
+
+
+def test_streamed_token_ids_cover_the_whole_output(hybrid_server):
+    client = hybrid_server.client()
+    chunks = [c for c in client.completions.create(model=MODEL, prompt="hey", max_tokens=5, stream=True, seed=1,
+                                                   extra_body={"return_token_ids": True, "ignore_eos": True})
+              if c.choices]
+    assert chunks[0].choices[0].model_extra["prompt_token_ids"] == list(b"hey")
+    ids = [t for c in chunks for t in (c.choices[0].model_extra.get("token_ids") or [])]
+    assert len(ids) == 5

@@ -100,7 +100,7 @@ def _completion_chunks(ev, texts: dict, body: CompletionRequest, meta: dict, pro
                 echo_ids, plp = prompts[ev.index // body.n], branches[ev.index].user_data.prompt_logprobs
             lp = completion_logprobs(ts.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs,
                                      prompt_ids=echo_ids, as_ids=body.return_tokens_as_token_ids, prompt_lps=plp)
-        if text or lp is not None:
+        if text or lp is not None or body.return_token_ids:
             choice = {"index": ev.index, "text": text, "logprobs": lp, "finish_reason": None}
             if body.return_token_ids:
                 choice["token_ids"] = ev.token_ids
