@@ -9,6 +9,7 @@ Variants (comma list; each is a first-principles reading of one term, applied to
   head-per-token  the model before that fix: LM-head FLOPs for every scheduled token
   call+MS         MS more fixed host work per call (e.g. call+8)
   row+MS          MS more host work per row (e.g. row+2.5)
+  launch+F        the eager launch term times F (launches scale with layers: 24 on 0.8B, 32 on 4B/9B)
   scale+F         every term times F (the load a cost F times higher would give)
 
     python benchmarks/cost_terms.py --models qwen3.5-0.8b,qwen3.5-4b --variants base,call+8 --questions 300
@@ -54,6 +55,8 @@ class Variant(CostModel):
             t = t._replace(host=t.host + float(arg) / 1e3)
         elif kind == "row":
             t = t._replace(rows=t.rows + float(arg) / 1e3 * batch.num_rows)
+        elif kind == "launch":
+            t = t._replace(launches=t.launches * float(arg))
         elif kind == "scale":
             t = CallCost(*(x * float(arg) for x in t))
         elif kind != "base":
