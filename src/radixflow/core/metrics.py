@@ -57,8 +57,8 @@ class ArmMeasures:
 
     @property
     def rows_per_branch(self) -> float:
-        """Fragments per branch: how many rows a prompt takes (vLLM's align mode cuts tails: ≈ 2)."""
-        return self.fragments / self.branches if self.branches else float("nan")
+        """Fragments ÷ branches: how often vLLM-style chunking splits a branch (1.0 = never)."""
+        return self.fragments / self.branches if self.branches else 0.0
 
     def to_dict(self) -> dict:
         d = asdict(self)
