@@ -39,8 +39,8 @@ ARMS = ("radix", "radixflow")
 class Variant(CostModel):
     """Today's c(B) with one term read differently; `log` keeps every call's terms."""
 
-    def __init__(self, spec, gpu, name: str) -> None:
-        super().__init__(spec, gpu)
+    def __init__(self, spec, gpu, name: str, **kw) -> None:
+        super().__init__(spec, gpu, **kw)
         self.name = name
         self.log: list[CallCost] = []
 
@@ -89,8 +89,8 @@ def run(model: str, variant: str, args) -> dict:
     for a in ARMS:
         models: list[Variant] = []
 
-        def make(sp, g, models=models):
-            models.append(Variant(sp, g, variant))
+        def make(sp, g, models=models, **kw):  # kw: whatever the runner passes on to CostModel
+            models.append(Variant(sp, g, variant, **kw))
             return models[-1]
 
         m, _ = run_arm(SimSetup(spec, get_gpu("a800"), cfg, cost_model=make), get_arm(a), work)
