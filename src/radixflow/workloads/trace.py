@@ -118,4 +118,4 @@ def write_trace(path: str | Path, records: list[dict]) -> None:
 def fresh_copies(branches: list[Branch]) -> list[Branch]:
     """New, unscheduled branches with the same inputs (each arm needs its own)."""
     return [Branch(b.request_id, b.index, b.prompt, b.namespace, b.arrival, b.max_new_tokens,
-                   b.stop_token_ids) for b in branches]
+                   b.stop_token_ids, priority=b.priority) for b in branches]
