@@ -49,6 +49,7 @@ class Claims:
     d_tokens: int = 0  # D's t+1 fragments, tokens
     d_pages: int = 0  # D's t+1 fragments, new pages beyond their hit
     reserved_rows: int = 0  # rows_next + |D| at the last non-finishing admission past D (for tests)
+    reserved_deferred: int = 0  # |D| then
 
     @property
     def active(self) -> bool:
@@ -94,6 +95,7 @@ class Claims:
         if bytes_check is not None and not bytes_check(pages, slots):
             return False
         self.reserved_rows = self.rows_next + 1 + self.deferred
+        self.reserved_deferred = self.deferred
         return True
 
     def _next_demand(self, b: Branch, end: int) -> int:

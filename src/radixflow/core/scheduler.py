@@ -294,8 +294,9 @@ class Scheduler:
         cfg = self.config
         claims = Claims(cfg.max_num_seqs, cfg.max_num_batched_tokens, self.block_size, self._chunk,
                         slot_per_row=1 if self.hybrid else 0)
-        for f in batch.fragments:
-            claims.carry(f.branch, f.end)
+        ends = {f.branch.uid: f.end for f in batch.fragments}
+        for b in self.running:  # placed this round or not (a running row the token budget left out)
+            claims.carry(b, ends.get(b.uid, b.num_computed_tokens))
         return claims
 
     def _claim_allows(self, claims: Claims, b: Branch, end: int, need: int, node: Node | None) -> bool:
