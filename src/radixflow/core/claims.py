@@ -48,6 +48,7 @@ class Claims:
     deferred: int = 0  # |D|
     d_tokens: int = 0  # D's t+1 fragments, tokens
     d_pages: int = 0  # D's t+1 fragments, new pages beyond their hit
+    open: bool = True  # False once every t+1 row is claimed: D's sums no longer matter
     reserved_rows: int = 0  # rows_next + |D| at the last non-finishing admission past D (for tests)
     reserved_deferred: int = 0  # |D| then
 
@@ -68,9 +69,10 @@ class Claims:
 
     def defer(self, b: Branch, start: int) -> None:
         """`b` is Blocked on the boundary at `start`; reserve its t+1 fragment."""
-        self.deferred += 1
-        if self.rows_next + self.deferred >= self.max_rows:
-            return  # nothing can be admitted under (b) any more; (a) does not read the sums
+        self.deferred = d = self.deferred + 1
+        if self.rows_next + d >= self.max_rows:
+            self.open = False  # nothing can pass (b) any more (rows_next only grows): stop summing
+            return
         n = self.chunk(start, b.num_tokens, self.max_tokens)
         self.d_tokens += n
         bs = self.block_size

@@ -16,40 +16,59 @@ snapshot locked, and whatever a placement adds this round is pending too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from radixflow.cache.radix import RadixIndex, Snapshot, chain_hashes
 
 
-def common_pages(a, b, block_size: int, limit: int) -> int:
-    """Number of leading whole pages (at most `limit`) on which token sequences `a` and `b` agree."""
-    n = min(limit, len(a) // block_size, len(b) // block_size)
-    if n and tuple(a[: n * block_size]) == tuple(b[: n * block_size]):
-        return n
-    lo, hi = 0, max(0, n - 1)
+def common_pages(a, b, block_size: int, limit: int, guess: int = 0) -> int:
+    """Number of leading whole pages (at most `limit`) on which token sequences `a` and `b` agree.
+    `guess` (e.g. the previous pair's answer: siblings share the same document) is tried first."""
+    bs = block_size
+    n = min(limit, len(a) // bs, len(b) // bs)
+    if n == 0 or a[:bs] != b[:bs]:
+        return 0
+    if 0 < guess <= n and a[: guess * bs] == b[: guess * bs] and (
+            guess == n or a[guess * bs : (guess + 1) * bs] != b[guess * bs : (guess + 1) * bs]):
+        return guess
+    lo, hi = 1, n  # the first page agrees
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if tuple(a[: mid * block_size]) == tuple(b[: mid * block_size]):
+        if a[mid * bs - bs : mid * bs] == b[mid * bs - bs : mid * bs] and a[: mid * bs] == b[: mid * bs]:
             lo = mid
         else:
             hi = mid - 1
     return lo
 
 
-def arrival_hashes(index: RadixIndex, namespace: str, tokens, prev: tuple[str, tuple, list[int]] | None
-                   ) -> tuple[list[int], int, bool]:
-    """Chain hashes of every full page of `tokens`, reusing the tree's path and the previous arrival's
-    (`prev` = its namespace, tokens, hashes). Returns (hashes, depth verified against the tree's tokens,
-    collision: the hash index holds another prefix under one of these hashes)."""
+@dataclass
+class Arrival:
+    """What a branch's arrival leaves for the next one's hash reuse."""
+
+    namespace: str
+    tokens: tuple
+    hashes: list[int]
+    shared: int = 0  # pages it shared with the arrival before it
+
+
+def arrival_hashes(index: RadixIndex, namespace: str, tokens, prev: Arrival | None) -> tuple[Arrival, int, bool]:
+    """Chain hashes of every full page of `tokens`, reusing the tree's path and the previous arrival's.
+    Returns (this arrival, depth verified against the tree's tokens, collision: the hash index holds
+    another prefix under one of these hashes). `Arrival.shared` is the expected end of the branch's
+    match (pages shared with its sibling, else with the tree): its first group key guess."""
     bs = index.block_size
     full = len(tokens) // bs
     m, known = index.match_tokens(namespace, tokens, full)
-    if prev is not None and prev[0] == namespace and len(prev[2]) > len(known):
-        k = common_pages(tokens, prev[1], bs, len(prev[2]))
+    shared = len(known)
+    if prev is not None and prev.namespace == namespace and len(prev.hashes) > shared:
+        k = common_pages(tokens, prev.tokens, bs, len(prev.hashes), prev.shared)
         if k > len(known):
-            known = prev[2][:k]
+            known = prev.hashes[:k]
+            shared = k
     hashes = chain_hashes(namespace, tokens, bs, known)
     walked = m.depth // bs
     collision = walked < full and index.has_page(hashes[walked])
-    return hashes, m.depth, collision
+    return Arrival(namespace, tokens, hashes, shared), m.depth, collision
 
 
 class BlockedGroups:
@@ -60,15 +79,12 @@ class BlockedGroups:
     def __init__(self, index: RadixIndex) -> None:
         self.block_size = index.block_size
         self._in_tree = index.page_hashes
-        self._by_key: dict[int, Snapshot] = {}
+        self.by_key: dict[int, Snapshot] = {}  # read by the scan's inlined fast path
         self._depths: list[int] = []  # pages, most recent last
-
-    def __bool__(self) -> bool:
-        return bool(self._by_key)
 
     def add(self, key: int, pages: int, snapshot: Snapshot) -> None:
         """A branch with group key `key` (its match ended after `pages` pages) is Blocked on `snapshot`."""
-        self._by_key[key] = snapshot
+        self.by_key[key] = snapshot
         if pages not in self._depths:
             self._depths.append(pages)
             if len(self._depths) > self.MAX_DEPTHS:
@@ -78,19 +94,20 @@ class BlockedGroups:
         """The snapshot waiting branch `b` is Blocked on as a member of a group already Blocked this
         round, or None (then it needs a lookup of its own)."""
         tr = b.sched
-        key = tr.group_key
-        if key is not None:
-            snap = self._by_key.get(key)
-            if snap is not None and (tr.next_hash is None or tr.next_hash not in self._in_tree):
-                return snap
-            return None
-        if tr.no_cache:
-            return None
+        snap = self.by_key.get(tr.group_key)
+        if snap is not None:
+            nh = tr.next_hash
+            return snap if nh is None or nh not in self._in_tree else None
+        if tr.group_key is None and not tr.no_cache:
+            return self._probe(tr, (b.num_tokens - 1) // self.block_size)
+        return None
+
+    def _probe(self, tr, max_pages: int) -> Snapshot | None:
+        """A branch with no key yet: try its chain hash at each recent group depth."""
         hashes = tr.hashes
-        max_pages = (b.num_tokens - 1) // self.block_size
-        for k in reversed(self._depths):  # never looked up: probe its hash at each group depth
+        for k in reversed(self._depths):
             if k <= max_pages and k <= len(hashes):
-                snap = self._by_key.get(hashes[k - 1])
+                snap = self.by_key.get(hashes[k - 1])
                 if snap is not None and (k == max_pages or hashes[k] not in self._in_tree):
                     tr.group_key = hashes[k - 1]
                     tr.next_hash = hashes[k] if k < max_pages else None

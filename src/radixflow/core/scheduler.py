@@ -17,7 +17,7 @@ from radixflow.core.batch import Batch, ExecResult, Fragment, Outcome
 from radixflow.core.branch import Branch, BranchState
 from radixflow.core.claims import Claims, finishes_now
 from radixflow.core.integrity import check_scheduler, holds_nothing
-from radixflow.core.lookup import BlockedGroups, arrival_hashes
+from radixflow.core.lookup import Arrival, BlockedGroups, arrival_hashes
 from radixflow.core.policies import AdmissionView, Arm
 
 
@@ -88,7 +88,7 @@ class Scheduler:
         self.claims: Claims | None = None  # the last scan's reservation for D_t (None: nothing deferred)
         self._next_uid = 0
         self._front_seq = 0
-        self._last_arrival: tuple[str, tuple, list[int]] | None = None  # for hash reuse between siblings
+        self._last_arrival: Arrival | None = None  # for hash reuse between siblings
         self._deadline: float | None = None
 
     # ================================================================== public API
@@ -107,12 +107,15 @@ class Scheduler:
         self._next_uid += 1
         branch.sched = tr = _Track()
         if self.config.enable_prefix_caching:  # hashed once on arrival, as vLLM's request block hasher
-            tr.hashes, tr.verified, tr.no_cache = arrival_hashes(self.index, branch.namespace, branch.prompt,
-                                                                 self._last_arrival)
-            if tr.no_cache:
-                tr.hashes = []
-            else:
-                self._last_arrival = (branch.namespace, branch.prompt, tr.hashes)
+            arrival, tr.verified, tr.no_cache = arrival_hashes(self.index, branch.namespace, branch.prompt,
+                                                               self._last_arrival)
+            if not tr.no_cache:
+                self._last_arrival = arrival
+                tr.hashes = arrival.hashes
+                k, max_pages = arrival.shared, (branch.num_tokens - 1) // self.block_size
+                if 0 < k <= max_pages:  # first guess of its group key: where it leaves its sibling
+                    tr.group_key = tr.hashes[k - 1]
+                    tr.next_hash = tr.hashes[k] if k < max_pages else None
         self.held.append(branch)
 
     def admit(self, now: float) -> float | None:
@@ -233,41 +236,52 @@ class Scheduler:
         state_ready = self.arm.traversal.continue_after_blocked()
         self.claims = claims = None
         groups = BlockedGroups(self.index)
-        find = groups.find
-        bs = self.block_size
+        find, in_tree, blocked = groups.find, self.index.page_hashes, groups.by_key
+        bs, interval = self.block_size, self.interval
         deferred = 0
         for pos, b in enumerate(waiting):
-            tr: _Track = b.sched
-            snap = find(b) if deferred and rows and tokens else None
-            if snap is not None:
+            if deferred and rows and tokens:
                 # A member of a group already Blocked this round: same path, same ĥ, same boundary.
-                total = b.num_tokens
-                if tokens < total - snap.depth and self._chunk(snap.depth, total, tokens) == 0:
-                    batch.stop_reason = "tokens"
-                    break
-                outcome, start = Outcome.BLOCKED, snap.depth
-            else:
-                outcome, plan, reason = self._check(b, rows, tokens, claims=claims)
-                if outcome is Outcome.READY:
-                    self._select(b, plan, batch, now)
-                    taken.append(pos)
-                    rows -= 1
-                    tokens -= plan.num_tokens
-                    if claims is not None:
-                        claims.carry(b, plan.start + plan.num_tokens)
+                # (The first test is `find`'s own, inlined: this loop may walk 10k Blocked branches.)
+                tr = b.sched
+                snap = blocked.get(tr.group_key)
+                if snap is not None:
+                    if tr.next_hash is not None and tr.next_hash in in_tree:
+                        snap = None
+                elif tr.group_key is None:
+                    snap = find(b)
+                if snap is not None:
+                    d = snap.depth
+                    # A chunk from a state boundary gets >= one interval when that many tokens are left.
+                    if (tokens < interval or d % interval) and self._chunk(d, b.num_tokens, tokens) == 0:
+                        batch.stop_reason = "tokens"
+                        break
+                    deferred += 1
+                    if claims.open:
+                        claims.defer(b, d)
+                    else:
+                        claims.deferred += 1
                     continue
-                if outcome is Outcome.BLOCKED:
-                    start = plan.start
-                    if tr.group_key is not None:
-                        groups.add(tr.group_key, plan.match.depth // bs, plan.snapshot)
+            outcome, plan, reason = self._check(b, rows, tokens, claims=claims)
+            if outcome is Outcome.READY:
+                self._select(b, plan, batch, now)
+                taken.append(pos)
+                rows -= 1
+                tokens -= plan.num_tokens
+                if claims is not None:
+                    claims.carry(b, plan.start + plan.num_tokens)
+                continue
             if outcome is Outcome.BLOCKED:
                 deferred += 1
                 if not state_ready:
                     batch.stop_reason = "blocked"
                     break
+                key = b.sched.group_key
+                if key is not None:
+                    groups.add(key, plan.match.depth // bs, plan.snapshot)
                 if claims is None:
                     self.claims = claims = self._new_claims(batch)
-                claims.defer(b, start)
+                claims.defer(b, plan.start)
                 continue
             if reason == "short-fragment":
                 frag_deferred.append((pos, b))
