@@ -44,15 +44,25 @@ def make_prompts(n: int, group: int) -> list[tuple[int, ...]]:
     return [tokens_of([Segment(f"doc{i // group}", DOC), Segment(f"b{i}", TAIL)]) for i in range(n)]
 
 
-def core_rounds(prompts, rule: str, rounds: int) -> tuple[list[float], float]:
-    """ms per schedule() call for the first `rounds` rounds, and µs per add() (arrival hashing)."""
+def _core(prompts, rule: str) -> Scheduler:
     cfg = SchedulerConfig(max_num_seqs=S, max_num_batched_tokens=T, block_size=BLOCK, state_interval=512,
                           num_kv_pages=1 << 20, num_state_slots=1 << 16)
     s = Scheduler(cfg, RULES[rule], hybrid=True)
-    t0 = time.process_time()
     for i, p in enumerate(prompts):
         s.add(Branch(f"q{i}", 0, p, namespace="bench"))
-    add_us = 1e6 * (time.process_time() - t0) / len(prompts)
+    return s
+
+
+def arrival_us(prompts) -> list[float]:
+    """µs per add() (arrival hashing, with reuse between siblings)."""
+    t0 = time.process_time()
+    _core(prompts, "state-ready")
+    return [1e6 * (time.process_time() - t0) / len(prompts)]
+
+
+def core_rounds(prompts, rule: str, rounds: int) -> list[float]:
+    """ms per schedule() call for the first `rounds` rounds."""
+    s = _core(prompts, rule)
     s.admit(0.0)
     out = []
     for r in range(rounds):
@@ -61,7 +71,7 @@ def core_rounds(prompts, rule: str, rounds: int) -> tuple[list[float], float]:
         out.append(1e3 * (time.process_time() - t0))
         s.complete(batch, ExecResult(0.01, {i: Sample(1) for i, f in enumerate(batch.fragments) if f.samples}),
                    r + 0.01)
-    return out, add_us
+    return out
 
 
 def vllm_rounds(prompts, rounds: int) -> list[float] | None:
@@ -85,14 +95,14 @@ def vllm_rounds(prompts, rounds: int) -> list[float] | None:
     return out
 
 
-def best_of(repeat: int, run) -> list[float]:
+def best_of(repeat: int, run, *args) -> list[float] | None:
     """Per-round minimum over `repeat` fresh runs, garbage collection off while timing (as timeit)."""
     runs = []
     for _ in range(repeat):
         gc.collect()
         gc.disable()
         try:
-            runs.append(run())
+            runs.append(run(*args))
         finally:
             gc.enable()
     if runs[0] is None:
@@ -115,12 +125,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{'ps/vLLM':>8} {'sr/vLLM':>8} {'add µs/branch':>14}")
         for n in args.sizes:
             prompts = make_prompts(n, group or n)
-            native = best_of(args.repeat, lambda: vllm_rounds(prompts, args.rounds)) if have_vllm else None
+            native = best_of(args.repeat, vllm_rounds, prompts, args.rounds) if have_vllm else None
             have_vllm = native is not None
-            ps = best_of(args.repeat, lambda: core_rounds(prompts, "prefix-stop", args.rounds)[0])
-            add = []
-            sr = best_of(args.repeat, lambda: add.append(core_rounds(prompts, "state-ready", args.rounds)) or add[-1][0])
-            add_us = min(a[1] for a in add)
+            ps = best_of(args.repeat, core_rounds, prompts, "prefix-stop", args.rounds)
+            sr = best_of(args.repeat, core_rounds, prompts, "state-ready", args.rounds)
+            add_us = best_of(args.repeat, arrival_us, prompts)[0]
             m_ps, m_sr = statistics.fmean(ps), statistics.fmean(sr)
             cells = [f"{n:>8}", f"{statistics.fmean(native):>12.3f}" if native else f"{'-':>12}",
                      f"{m_ps:>12.3f}", f"{m_sr:>12.3f}"]
