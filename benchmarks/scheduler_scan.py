@@ -6,8 +6,9 @@ Two queues, every branch waiting at t = 0 (S = 8, T = 8192, 16-token pages):
   the claim of the deferred siblings (SPEC §12) stop it;
 - one-document fan: every branch shares one document, so after the first producer is placed the whole
   rest of the queue is Blocked (state-ready's worst case: it walks the whole queue).
-Prints ms per round (mean over --rounds rounds; the fan's first round is the all-Blocked one) for the
-core's two rules and for vLLM's native scheduler driven the same way (no model: a stand-in output
+Prints ms per round (mean over --rounds rounds; the fan's first round is the all-Blocked one) and rows
+placed per round (vLLM / prefix-stop / state-ready) for the core's two rules and for vLLM's native
+scheduler driven the same way (no model: a stand-in output
 gives one token per finished prefill, `radixflow.integrations.vllm.cpu_harness`), and the ratios,
 measured side by side in one run. Without vLLM installed it prints the core's figures only.
 Arrival hashing (`Scheduler.add`, like vLLM's request block hasher) is outside the timed region on both
@@ -36,6 +37,7 @@ from radixflow.core.scheduler import Scheduler  # noqa: E402
 from radixflow.workloads.trace import Segment, tokens_of  # noqa: E402
 
 S, T, BLOCK, DOC, TAIL = 8, 8192, 16, 1024, 16
+ROWS: dict[str, list[int]] = {"vllm": [], "prefix-stop": [], "state-ready": []}  # rows per timed round
 RULES = {"prefix-stop": Arm("prefix-stop", Immediate(), PrefixStop()),
          "state-ready": Arm("state-ready", Immediate(), StateReady())}
 
@@ -44,31 +46,32 @@ def make_prompts(n: int, group: int) -> list[tuple[int, ...]]:
     return [tokens_of([Segment(f"doc{i // group}", DOC), Segment(f"b{i}", TAIL)]) for i in range(n)]
 
 
-def _core(prompts, rule: str) -> Scheduler:
+def _core(prompts, rule: str) -> tuple[Scheduler, float]:
+    """A scheduler with every prompt added; µs per add() (arrival hashing, reuse between siblings)."""
     cfg = SchedulerConfig(max_num_seqs=S, max_num_batched_tokens=T, block_size=BLOCK, state_interval=512,
                           num_kv_pages=1 << 20, num_state_slots=1 << 16)
     s = Scheduler(cfg, RULES[rule], hybrid=True)
-    for i, p in enumerate(prompts):
-        s.add(Branch(f"q{i}", 0, p, namespace="bench"))
-    return s
+    branches = [Branch(f"q{i}", 0, p, namespace="bench") for i, p in enumerate(prompts)]
+    t0 = time.process_time()
+    for b in branches:
+        s.add(b)
+    return s, 1e6 * (time.process_time() - t0) / len(prompts)
 
 
 def arrival_us(prompts) -> list[float]:
-    """µs per add() (arrival hashing, with reuse between siblings)."""
-    t0 = time.process_time()
-    _core(prompts, "state-ready")
-    return [1e6 * (time.process_time() - t0) / len(prompts)]
+    return [_core(prompts, "state-ready")[1]]
 
 
 def core_rounds(prompts, rule: str, rounds: int) -> list[float]:
     """ms per schedule() call for the first `rounds` rounds."""
-    s = _core(prompts, rule)
+    s, _ = _core(prompts, rule)
     s.admit(0.0)
     out = []
     for r in range(rounds):
         t0 = time.process_time()
         batch = s.schedule(float(r))
         out.append(1e3 * (time.process_time() - t0))
+        ROWS[rule].append(batch.num_rows)
         s.complete(batch, ExecResult(0.01, {i: Sample(1) for i, f in enumerate(batch.fragments) if f.samples}),
                    r + 0.01)
     return out
@@ -91,6 +94,7 @@ def vllm_rounds(prompts, rounds: int) -> list[float] | None:
         t0 = time.process_time()
         output = s.schedule()
         out.append(1e3 * (time.process_time() - t0))
+        ROWS["vllm"].append(len(output.num_scheduled_tokens))
         s.update_from_output(output, h.stand_in_model_output(s, output))
     return out
 
@@ -139,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 cells += [f"{'-':>8}", f"{'-':>8}"]
             cells.append(f"{add_us:>14.1f}")
+            rows = {k: statistics.fmean(v) for k, v in ROWS.items() if v}
+            cells.append("   rows/round " + "/".join(f"{rows[k]:.1f}" if k in rows else "-"
+                                                   for k in ("vllm", "prefix-stop", "state-ready")))
+            for v in ROWS.values():
+                v.clear()
             if not group:
                 cells.append(f"  [first round: state-ready {sr[0]:.3f} ms"
                              + (f", vLLM {native[0]:.3f} ms]" if native else "]"))

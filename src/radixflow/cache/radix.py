@@ -208,10 +208,13 @@ class RadixIndex:
         """True when the matched path's tokens in [start, ĥ) equal `tokens` there (guards against a
         chain-hash collision, which the hash lookup alone cannot see)."""
         node = m.node
-        while node is not None and not node.is_root and node.depth > start:
-            lo, hi = max(node.start, start), min(node.depth, m.depth)
-            if hi > lo and tuple(tokens[lo:hi]) != node.key[lo - node.start : hi - node.start]:
-                return False
+        while node is not None and node.parent is not None and node.depth > start:
+            first = node.depth - len(node.key)
+            lo, hi = max(first, start), min(node.depth, m.depth)
+            if hi > lo:
+                key = node.key if lo == first and hi == node.depth else node.key[lo - first : hi - first]
+                if tuple(tokens[lo:hi]) != key:
+                    return False
             node = node.parent
         return True
 

@@ -23,21 +23,26 @@ from radixflow.cache.radix import RadixIndex, Snapshot, chain_hashes
 
 def common_pages(a, b, block_size: int, limit: int, guess: int = 0) -> int:
     """Number of leading whole pages (at most `limit`) on which token sequences `a` and `b` agree.
-    `guess` (e.g. the previous pair's answer: siblings share the same document) is tried first."""
+    `guess` (e.g. the previous pair's answer: siblings share the same document) is tried first; else
+    the pages are compared in doubling runs, then the first mismatching run is bisected."""
     bs = block_size
     n = min(limit, len(a) // bs, len(b) // bs)
-    if n == 0 or a[:bs] != b[:bs]:
-        return 0
     if 0 < guess <= n and a[: guess * bs] == b[: guess * bs] and (
             guess == n or a[guess * bs : (guess + 1) * bs] != b[guess * bs : (guess + 1) * bs]):
         return guess
-    lo, hi = 1, n  # the first page agrees
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[mid * bs - bs : mid * bs] == b[mid * bs - bs : mid * bs] and a[: mid * bs] == b[: mid * bs]:
-            lo = mid
-        else:
-            hi = mid - 1
+    lo, step = 0, 1  # pages [0, lo) agree
+    while lo < n:
+        hi = min(n, lo + step)
+        if a[lo * bs : hi * bs] == b[lo * bs : hi * bs]:
+            lo, step = hi, step * 2
+            continue
+        while hi - lo > 1:  # the first mismatch is in pages [lo, hi)
+            mid = (lo + hi) // 2
+            if a[lo * bs : mid * bs] == b[lo * bs : mid * bs]:
+                lo = mid
+            else:
+                hi = mid
+        return lo
     return lo
 
 
