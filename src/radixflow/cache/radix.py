@@ -56,7 +56,7 @@ class Node:
 
     def path(self):
         node = self
-        while node is not None and not node.is_root:
+        while node is not None and node.parent is not None:  # the root is the only parentless node
             yield node
             node = node.parent
 
@@ -231,7 +231,10 @@ class RadixIndex:
         while node is not None and not node.is_root:
             chunks.append(node.pages)
             node = node.parent
-        return [p for chunk in reversed(chunks) for p in chunk]
+        out: list[int] = []
+        for chunk in reversed(chunks):
+            out += chunk
+        return out
 
     def insert(self, namespace: str, tokens, hashes: list[int], page_table: list[int], num_pages: int,
                now: float) -> tuple[Node, int]:
@@ -286,22 +289,25 @@ class RadixIndex:
         self._pending_snaps.clear()
 
     def lock(self, node: Node | None) -> None:
-        for n in node.path() if node is not None else ():
-            if n.lock_ref == 0:
-                self.num_locked_pages += len(n.pages)
-            n.lock_ref += 1
+        while node is not None and node.parent is not None:
+            if node.lock_ref == 0:
+                self.num_locked_pages += len(node.pages)
+            node.lock_ref += 1
+            node = node.parent
 
     def unlock(self, node: Node | None) -> None:
-        for n in node.path() if node is not None else ():
-            n.lock_ref -= 1
-            assert n.lock_ref >= 0, "lock_ref below zero"
-            if n.lock_ref == 0:
-                self.num_locked_pages -= len(n.pages)
+        while node is not None and node.parent is not None:
+            node.lock_ref -= 1
+            assert node.lock_ref >= 0, "lock_ref below zero"
+            if node.lock_ref == 0:
+                self.num_locked_pages -= len(node.pages)
+            node = node.parent
 
     def touch(self, node: Node | None, now: float) -> None:
         """A hit refreshes the whole matched path (node-level LRU)."""
-        for n in node.path() if node is not None else ():
-            n.last_access = now
+        while node is not None and node.parent is not None:
+            node.last_access = now
+            node = node.parent
 
     def touch_snapshot(self, snap: Snapshot, now: float) -> None:
         """A restore refreshes the snapshot's recency (the snapshot LRU order is kept incrementally)."""

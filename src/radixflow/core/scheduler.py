@@ -432,8 +432,7 @@ class Scheduler:
         if len(tr.hashes) < full:
             tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
         node, adopted = self.index.insert(b.namespace, b.tokens, tr.hashes, tr.page_table, full, now)
-        for p in tr.page_table[adopted:full]:
-            tr.private.discard(p)
+        tr.private.difference_update(tr.page_table[adopted:full])
         if node is not tr.node:
             self.index.lock(node)
             self.index.unlock(tr.node)
