@@ -63,3 +63,21 @@ def test_a_blocked_fan_costs_one_lookup_and_decides_as_lookups_would():
     assert [f.branch.uid for f in batch.fragments] == [f.branch.uid for f in batch_full.fragments]
     assert calls["match"] <= 3, f"{calls['match']} prefix lookups for one Blocked group"
     s.check_integrity()
+
+
+def test_probe_needs_the_next_page_hash():
+    """A branch whose hashes stop short of its tokens (a preempted branch's outputs) is not probed."""
+    from types import SimpleNamespace
+
+    from radixflow.core.branch import Branch
+
+    s = _fan(8)
+    groups = BlockedGroups(s.index)
+    b = Branch("x", 0, tuple(range(64)))
+    b.output = [1] * 40  # 104 tokens: 6 pages can be matched, 4 are hashed
+    tr = SimpleNamespace(group_key=None, next_hash=None, no_cache=False, hashes=[11, 12, 13, 14])
+    b.sched = tr
+    groups.add(14, 4, object())
+    assert groups.find(b) is None
+    tr.hashes = [11, 12, 13, 14, 99]
+    assert groups.find(b) is not None and tr.group_key == 14 and tr.next_hash == 99

@@ -111,7 +111,8 @@ class BlockedGroups:
         """A branch with no key yet: try its chain hash at each recent group depth."""
         hashes = tr.hashes
         for k in reversed(self._depths):
-            if k <= max_pages and k <= len(hashes):
+            # Page k's hash must be known (a preempted branch's outputs may not be hashed yet).
+            if k <= max_pages and (k < len(hashes) or k == max_pages == len(hashes)):
                 snap = self.by_key.get(hashes[k - 1])
                 if snap is not None and (k == max_pages or hashes[k] not in self._in_tree):
                     tr.group_key = hashes[k - 1]
