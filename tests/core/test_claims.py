@@ -155,3 +155,25 @@ def test_priority_picks_the_preemption_victim():
 def test_priority_must_be_an_integer():
     with pytest.raises(ValueError, match="priority"):
         Branch("x", 0, (1,), priority="high")
+
+
+@pytest.mark.parametrize("budget, admitted", [(600, ["P"]), (620, ["P", "Q"])])
+def test_a_shared_byte_pool_is_reserved_in_bytes(budget, admitted):
+    """Pages and slots are plentiful by count; only the unified byte budget binds. At 600 bytes Q
+    (6 pages + a slot = 100 B) fits now but not beside C's t+1 fragment (4 pages + a slot = 80 B)."""
+    doc = Segment("doc", 64)
+    cfg = small_config(max_num_seqs=4, block_size=16, state_interval=16, num_kv_pages=64, num_state_slots=64,
+                       cache_memory_bytes=budget, kv_page_bytes=10, state_slot_bytes=40)
+    s = Scheduler(cfg, STATE_READY, hybrid=True)
+    q = Branch("Q", 0, tokens_of([Segment("q", 96)]), max_new_tokens=2)
+    for b in (Branch("P", 0, tokens_of([doc, Segment("p", 64)]), max_new_tokens=2),
+              Branch("C", 0, tokens_of([doc, Segment("c", 64)]), max_new_tokens=2), q):
+        s.add(b)
+    s.admit(1.0)
+    batch = s.schedule(1.0)
+    assert [f.branch.request_id for f in batch.fragments] == admitted
+    if admitted == ["P"]:
+        assert batch.stop_reason == "claim"
+        outcome, _, _ = s._check(q, 3, 256)  # without the claim, Q would have been admitted
+        assert outcome.name == "READY"
+    s.check_integrity()
