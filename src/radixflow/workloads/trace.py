@@ -81,8 +81,11 @@ def branch_from_record(rec: dict, where: str = "trace", vocab: int = SEGMENT_VOC
         tokens = tokens_of(parsed, vocab)
         if not tokens:
             raise TraceError(f"{where}: the segments add up to an empty prompt")
+    priority = rec.get("priority", 0)  # optional: lower runs first (vLLM's convention)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise TraceError(f"{where}: 'priority' must be an integer, got {priority!r}")
     return Branch(str(rec["request_id"]), rec["branch"], tokens, namespace=str(rec["namespace"]),
-                  arrival=float(arrival), max_new_tokens=mnt)
+                  arrival=float(arrival), max_new_tokens=mnt, priority=priority)
 
 
 def read_jsonl(path: Path, error: type[ValueError] = ValueError):
