@@ -358,14 +358,18 @@ class Scheduler:
         need = -(-(start + n) // self.block_size) - start // self.block_size
         if claims is not None and claims.active and not self._claim_allows(claims, b, start + n, need, node):
             return Outcome.OTHER, None, "claim"
-        # Hold the matched path while making room, so eviction cannot take what we matched.
-        self.index.lock(node)
-        if snapshot is not None:
-            snapshot.lock += 1
-        ok = self._ensure(need, 1 if self.hybrid else 0)
-        self.index.unlock(node)
-        if snapshot is not None:
-            snapshot.lock -= 1
+        slots = 1 if self.hybrid else 0
+        if self.pages.budget is None and need <= self.pages.num_free and slots <= self.slots.num_free:
+            ok = True  # room without evicting anything
+        else:
+            # Hold the matched path while making room, so eviction cannot take what we matched.
+            self.index.lock(node)
+            if snapshot is not None:
+                snapshot.lock += 1
+            ok = self._ensure(need, slots)
+            self.index.unlock(node)
+            if snapshot is not None:
+                snapshot.lock -= 1
         if not ok:
             return Outcome.OTHER, None, "memory"
         return Outcome.READY, _Plan(m, start, n, snapshot), None
