@@ -1,7 +1,7 @@
 """Scheduler time per round against waiting-queue length, beside vLLM 0.33's native `schedule()`.
 
 Two queues, every branch waiting at t = 0 (S = 8, T = 8192, 16-token pages):
-- paper-shaped: groups of four branches sharing a 1,024-token document (+16 tokens each), the QA
+- paper-shaped: groups of four branches sharing a document (--doc-len, 1,024 tokens) + 16 tokens each, the QA
   shape; prefix-stop stops at the first Blocked sibling, state-ready traversal walks on until rows or
   the claim of the deferred siblings (SPEC §12) stop it;
 - one-document fan: every branch shares one document, so after the first producer is placed the whole
@@ -36,14 +36,14 @@ from radixflow.core.policies import Arm, Immediate, PrefixStop, StateReady  # no
 from radixflow.core.scheduler import Scheduler  # noqa: E402
 from radixflow.workloads.trace import Segment, tokens_of  # noqa: E402
 
-S, T, BLOCK, DOC, TAIL = 8, 8192, 16, 1024, 16
+S, T, BLOCK, TAIL = 8, 8192, 16, 16
 ROWS: dict[str, list[int]] = {"vllm": [], "prefix-stop": [], "state-ready": []}  # rows per timed round
 RULES = {"prefix-stop": Arm("prefix-stop", Immediate(), PrefixStop()),
          "state-ready": Arm("state-ready", Immediate(), StateReady())}
 
 
-def make_prompts(n: int, group: int) -> list[tuple[int, ...]]:
-    return [tokens_of([Segment(f"doc{i // group}", DOC), Segment(f"b{i}", TAIL)]) for i in range(n)]
+def make_prompts(n: int, group: int, doc_len: int = 1024) -> list[tuple[int, ...]]:
+    return [tokens_of([Segment(f"doc{i // group}", doc_len), Segment(f"b{i}", TAIL)]) for i in range(n)]
 
 
 def _core(prompts, rule: str) -> tuple[Scheduler, float]:
@@ -119,16 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=3, help="fresh runs per figure; the minimum is kept")
+    ap.add_argument("--doc-len", type=int, default=1024, help="document tokens (8192 > T: chunked over rounds)")
     args = ap.parse_args(argv)
-    if args.rounds < 1 or args.repeat < 1 or min(args.sizes) < 2:
-        ap.error("--rounds and --repeat must be >= 1 and every size >= 2")
+    if args.rounds < 1 or args.repeat < 1 or min(args.sizes) < 2 or not 16 <= args.doc_len <= 16000:
+        ap.error("--rounds and --repeat must be >= 1, every size >= 2, --doc-len in [16, 16000]")
     have_vllm = True
     for group, what in ((4, "paper-shaped queue (groups of 4)"), (0, "one-document fan (all Blocked)")):
         print(f"\n{what}: ms per round, mean of {args.rounds}" + ("" if group else "; [first round]"))
         print(f"{'waiting':>8} {'vLLM native':>12} {'prefix-stop':>12} {'state-ready':>12} "
               f"{'ps/vLLM':>8} {'sr/vLLM':>8} {'add µs/branch':>14}")
         for n in args.sizes:
-            prompts = make_prompts(n, group or n)
+            prompts = make_prompts(n, group or n, args.doc_len)
             native = best_of(args.repeat, vllm_rounds, prompts, args.rounds) if have_vllm else None
             have_vllm = native is not None
             ps = best_of(args.repeat, core_rounds, prompts, "prefix-stop", args.rounds)
