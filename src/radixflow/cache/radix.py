@@ -257,8 +257,7 @@ class RadixIndex:
         parent.children[key[:bs]] = node
         self._leaves.discard(parent)
         self._leaves.add(node)
-        for h in node.hashes:
-            self._by_hash[h] = node
+        self._by_hash.update(dict.fromkeys(node.hashes, node))
         self._pending_nodes.append(node)
         return node, have
 
@@ -416,8 +415,7 @@ class RadixIndex:
         node.hashes = node.hashes[k:]
         node.parent = top
         top.children[node.key[:bs]] = node
-        for h in top.hashes:
-            self._by_hash[h] = top
+        self._by_hash.update(dict.fromkeys(top.hashes, top))
         if top.pending:
             self._pending_nodes.append(top)
         return top
