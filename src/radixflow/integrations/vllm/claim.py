@@ -2,11 +2,14 @@
 
 Once a step has deferred a request D_i (its matched state is being written in this step), whatever
 the scan admits behind it must leave D what D needs at the next step: a row, its next fragment's
-tokens and its blocks. `StepClaim` keeps that reservation and answers, for a later candidate, whether
-its share of the next step fits beside it. A candidate that finishes within this step (its whole
-remaining prompt is scheduled and it needs only the token sampled at the end of the step) holds
-nothing at the next step and always fits; under async scheduling it still holds its row there (vLLM
-schedules step t+1 before step t's output comes back), so its row is counted.
+tokens and its blocks (for a waiting D, as many as vLLM's full-sequence gate will ask for). `StepClaim`
+keeps that reservation and answers, for a later candidate, whether its share of the next step fits
+beside it. A candidate that finishes within this step (its whole remaining prompt is scheduled and it
+needs only the token sampled at the end of the step) holds nothing at the next step and always fits;
+under async scheduling it still holds its row there (vLLM schedules step t+1 before step t's output
+comes back), so its row is counted. Any other candidate must also finish by the end of the next step
+(D's step): one that would still be running after it would run a step ahead of the native order for
+the rest of its life, and on a full pool that moves every later gate, preemption and eviction.
 
 The arithmetic knows nothing of vLLM; `scheduler.py` feeds it what vLLM's own scan computed.
 """
@@ -24,6 +27,7 @@ class NextStepShare:
     rows: int
     tokens: int
     finishes: bool
+    finishes_next: bool = False  # it finishes by the end of the next step (the deferred requests' step)
 
 
 def next_step_share(
@@ -42,10 +46,12 @@ def next_step_share(
     is still in `running` when the next step is scheduled.
     """
     if remaining_after > 0:
-        return NextStepShare(1, min(remaining_after, token_budget), False)
+        # An unfinished prompt (no output yet) finishes next step if its tail fits and one token does.
+        last = remaining_after <= token_budget and outputs_after + 1 >= max_tokens
+        return NextStepShare(1, min(remaining_after, token_budget), False, last)
     if outputs_after >= max_tokens:
-        return NextStepShare(1 if rows_outlive_finish else 0, 0, True)
-    return NextStepShare(1, 1, False)
+        return NextStepShare(1 if rows_outlive_finish else 0, 0, True, True)
+    return NextStepShare(1, 1, False, outputs_after + 1 >= max_tokens)
 
 
 @dataclass
@@ -89,7 +95,10 @@ class StepClaim:
         self.base_growth += growth_blocks
 
     def fits_beside(self, share: NextStepShare) -> bool:
-        """Claim rule (a)/(b) for rows and tokens; the blocks are left to vLLM's allocator."""
+        """Claim rule (a)/(b) for rows and tokens; the blocks are left to vLLM's allocator. (b) takes
+        only a candidate that finishes by the end of the next step."""
+        if not share.finishes_next:
+            return False
         if share.rows and self.base_rows + share.rows + len(self.deferred) > self.max_rows:
             return False
         if share.tokens and self.base_tokens + share.tokens + self.reserved_tokens > self.max_tokens:

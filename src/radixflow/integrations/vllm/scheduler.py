@@ -18,10 +18,11 @@ from `_get_local_prefix_cache_hit` instead of being repeated; a later sibling of
 recognised by its blocking key and needs no lookup at all (`siblings.py`).
 
 Deferred requests keep their claim (SPEC §12, `claim.py`): once a request is deferred, a later candidate
-is admitted only if it finishes within the step, or if its next-step row, tokens and blocks fit beside
-what the deferred requests need then; the blocks are checked by vLLM's own allocator through its
-`reserved_blocks` argument. A candidate that fails is refused as an allocation failure, so vLLM's
-native failure path runs (encoder-cache references released, the scan stops).
+is admitted only if it finishes within the step, or if it finishes by the end of the next step and its
+next-step row, tokens and blocks fit beside what the deferred requests need then; the blocks are
+checked by vLLM's own allocator through its `reserved_blocks` argument. A candidate that fails is
+refused as an allocation failure, so vLLM's native failure path runs (encoder-cache references
+released, the scan stops).
 """
 
 from __future__ import annotations
@@ -190,11 +191,14 @@ class StateReadyMixin:
         self._start_claim()
         # Blocked only if the same-step state is the ONLY obstacle, and only while the next step could
         # still serve it beside the requests deferred before it; otherwise it is Other (SPEC §3, §12).
-        if max(gate, fragment) > free or not self._claim.room_for_deferral(fragment, free):
+        # At t+1 a waiting request passes vLLM's full-sequence gate only with its whole prompt's blocks
+        # free, so that is what it claims (the next fragment alone where the gate is off).
+        claim_blocks = max(gate, fragment)
+        if claim_blocks > free or not self._claim.room_for_deferral(claim_blocks, free):
             return self._refuse(request, num_new_tokens) if self._claim.active else num_new_tokens
         full = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
         growth = max(token_blocks(manager, full) - token_blocks(manager, min(request.num_tokens, full)), 0)
-        self._claim.defer(request.request_id, request.num_tokens - num_hit_tokens, fragment, growth)
+        self._claim.defer(request.request_id, request.num_tokens - num_hit_tokens, claim_blocks, growth)
         self.blocked_last_step.append(request.request_id)
         self.num_blocked_deferrals += 1
         if request.num_computed_tokens + num_hit_tokens < request.num_tokens - 1:

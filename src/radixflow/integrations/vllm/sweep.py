@@ -158,8 +158,8 @@ def sweep_configs() -> list[SweepConfig]:
 
 def smoke_configs() -> list[SweepConfig]:
     """A handful of the sweep's configs, one per family, small enough for a test."""
-    wanted = ("decode-kv80-s0", "kvtight-kv56-s1", "priority-kv80-s2", "poisson-gap3-s1", "longdoc-T256-s0",
-              "async-kv64-s2", "qa1tok-S16-s0", "cadence4-s0")
+    wanted = ("decode-kv80-s0", "kvtight-kv56-s1", "priority-kv80-s2", "priority-kv120-s0", "poisson-gap3-s1",
+              "longdoc-T256-s0", "async-kv64-s2", "qa1tok-S16-s0", "cadence4-s0")
     by_name = {c.name: c for c in sweep_configs()}
     return [by_name[n] for n in wanted]
 
