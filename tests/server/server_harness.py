@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 from radixflow.config import SchedulerConfig
 from radixflow.engine.engine import EngineConfig
@@ -96,3 +97,19 @@ def error_of(resp: httpx.Response) -> dict:
     assert set(body) == {"error"}, body
     assert set(body["error"]) == {"message", "type", "param", "code"}, body
     return body["error"]
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    """GET /metrics as {(sample name, frozenset of label items): value}."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {(smp.name, frozenset(smp.labels.items())): smp.value
+            for fam in text_string_to_metric_families(text) for smp in fam.samples}
+
+
+def metric(samples: dict, name: str, **labels: str) -> float:
+    """One sample of `scrape()`'s result; KeyError naming it if absent."""
+    want = set(labels.items())
+    hits = [v for (n, lab), v in samples.items() if n == name and want <= lab and len(lab) == len(want) + 1]
+    if len(hits) != 1:
+        raise KeyError(f"{name}{labels}: {len(hits)} samples")
+    return hits[0]

@@ -56,6 +56,9 @@ def _bytes_to_unicode() -> dict[int, str]:
     return chars
 
 
+_CHAR_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+
+
 class Tokenizer:
     """Encode/decode and chat formatting over a `tokenizer.json`."""
 
@@ -63,6 +66,8 @@ class Tokenizer:
                  eos_tokens: tuple[str, ...] = ()) -> None:
         self._tok = tok
         self.chat_template = chat_template
+        self._added: dict | None = None  # id -> AddedToken, built on first use
+        self._byte_level = False
         ids = [tok.token_to_id(t) for t in eos_tokens]
         self.eos_token_ids: tuple[int, ...] = tuple(i for i in ids if i is not None)
 
@@ -94,8 +99,39 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, limit: int | None = None, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`; with `limit`, a ValueError instead of a list longer than it (the ids of a
+        huge prompt are never built as Python objects)."""
+        enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        if limit is not None and len(enc) > limit:
+            raise ValueError(f"the prompt is {len(enc)} tokens, more than max_model_len {limit}")
+        return enc.ids
+
+    def is_special(self, token_id: int) -> bool:
+        """A special added token (decode(..., skip_special_tokens=True) leaves it out)."""
+        self._index_added()
+        t = self._added.get(token_id)
+        return t is not None and t.special
+
+    def _index_added(self) -> None:
+        if self._added is None:
+            self._added = dict(self._tok.get_added_tokens_decoder())
+            self._byte_level = b'"ByteLevel"' in self._tok.decoder.__getstate__() if self._tok.decoder else False
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: a byte-level piece maps back through GPT-2's byte table,
+        a byte-fallback piece `<0xNN>` is that byte, an added token is its text."""
+        self._index_added()
+        if token_id in self._added:
+            return self._added[token_id].content.encode("utf-8")
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:  # a model id the tokenizer has no piece for (model vocab > tokenizer vocab)
+            return b""
+        if self._byte_level and all(c in _CHAR_TO_BYTE for c in piece):
+            return bytes(_CHAR_TO_BYTE[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")  # SentencePiece's word marker is a space
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -28,7 +28,7 @@ class SamplingFields(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1, description="0 or -1 disables the top-k cut")
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1, description="a 64-bit integer")
     n: int = Field(1, ge=1, le=16, description="choices per prompt; each one is a branch")
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)

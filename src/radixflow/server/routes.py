@@ -8,6 +8,7 @@ branches share the cached document through one namespace. A chat call is one bra
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,12 +20,14 @@ from radixflow.core.branch import Branch
 from radixflow.engine.engine import Engine
 from radixflow.engine.sampling import SamplingParams
 from radixflow.server.engine_loop import Delta, Failed, Finished
-from radixflow.server.errors import bad_request
+from radixflow.server.errors import bad_request, unexpected
+from radixflow.server.inputs import check_fanout, check_text, encode_text, off_loop
 from radixflow.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from radixflow.server.render import TextStream, chat_logprobs, completion_logprobs, finish_reason, usage
+from radixflow.server.render import TextStream, chat_logprobs, completion_logprobs, finish_reason, text_offsets, usage
 from radixflow.server.tracking import ClientGone, TrackedRequest
 
 router = APIRouter()
+log = logging.getLogger("radixflow.server")
 
 
 # ====================================================================== completions
@@ -33,17 +36,16 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     server = request.app.state.server
     eng = server.engine_for(body.model)
     tok = eng.tokenizer
-    prompts = [tok.encode(p) if isinstance(p, str) else list(p) for p in body.prompt_list()]
-    if not prompts:
-        raise bad_request("prompt must not be empty", "prompt")
     rid = f"cmpl-{uuid.uuid4().hex}"
-    branches = _branches(eng, rid, prompts, body, body.max_tokens, body.logprobs)
+    prompts, branches = await off_loop(_completion_inputs, eng, rid, body, server.config.max_branches_per_request)
     meta = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": server.model_name}
     texts = {b.index: _text_stream(tok, body, prompts[b.index // body.n] if body.echo else None)
              for b in branches}
     tracked = TrackedRequest(server.loop, request, rid, branches, body.stream)  # from here on: abort on exit
     if body.stream:
-        return _sse(tracked, server, "/v1/completions", lambda ev: _completion_chunks(ev, texts, body, meta))
+        offsets: dict[int, int] = {}  # choice -> text offset of its next logprobs token
+        return _sse(tracked, server, "/v1/completions",
+                    lambda ev: _completion_chunks(ev, texts, body, meta, offsets))
     req = await _wait(tracked, server, "/v1/completions")
     if req is None:
         return Response(status_code=499)
@@ -57,17 +59,31 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             lp = completion_logprobs(tok, list(b.output), st.logprobs, st.top_logprobs, 0, echo_ids,
                                      body.return_tokens_as_token_ids)
         choices.append({"index": b.index, "text": text, "logprobs": lp, "finish_reason": finish_reason(b)})
-    return JSONResponse({**meta, "choices": choices, "usage": usage(req.branches)})
+    return JSONResponse({**meta, "choices": choices, "usage": usage(req.branches, body.n)})
 
 
-def _completion_chunks(ev, texts: dict, body: CompletionRequest, meta: dict):
+def _completion_inputs(eng: Engine, rid: str, body: CompletionRequest, cap: int):
+    """Prompts as token ids and their branches (runs in a worker thread: tokenizing is CPU work)."""
+    raw = body.prompt_list()
+    if not raw:
+        raise bad_request("prompt must not be empty", "prompt")
+    check_fanout(len(raw), body.n, cap)
+    limit = eng.config.max_model_len
+    prompts = [encode_text(eng.tokenizer, p, "prompt" if len(raw) == 1 else f"prompt.{i}", limit)
+               if isinstance(p, str) else list(p) for i, p in enumerate(raw)]
+    return prompts, _branches(eng, rid, prompts, body, body.max_tokens, body.logprobs)
+
+
+def _completion_chunks(ev, texts: dict, body: CompletionRequest, meta: dict, offsets: dict[int, int]):
     if isinstance(ev, Delta):
         ts = texts[ev.index]
         text = ts.push(ev.token_ids)
         lp = None
         if body.logprobs is not None:
-            lp = completion_logprobs(ts.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs,
+            start = offsets.get(ev.index, len(ts.prefix))
+            lp = completion_logprobs(ts.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs, start,
                                      as_ids=body.return_tokens_as_token_ids)
+            offsets[ev.index] = text_offsets(ts.tokenizer, ev.token_ids, start)[1]
         if text or lp is not None:
             choice = {"index": ev.index, "text": text, "logprobs": lp, "finish_reason": None}
             yield {**meta, "choices": [choice]}
@@ -77,7 +93,7 @@ def _completion_chunks(ev, texts: dict, body: CompletionRequest, meta: dict):
         yield {**meta, "choices": [{"index": b.index, "text": rest, "logprobs": None,
                                     "finish_reason": finish_reason(b)}]}
     if body.include_usage:
-        yield {**meta, "choices": [], "usage": usage(ev.request.branches)}
+        yield {**meta, "choices": [], "usage": usage(ev.request.branches, body.n)}
 
 
 # ====================================================================== chat
@@ -86,16 +102,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     server = request.app.state.server
     eng = server.engine_for(body.model)
     tok = eng.tokenizer
-    try:
-        prompt = tok.encode_chat(body.rendered_messages())
-    except Exception as e:  # a template error is the request's fault (roles, order)
-        raise bad_request(f"messages: the chat template failed: {e}", "messages") from e
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    if max_tokens is None:
-        max_tokens = max(1, min(server.config.default_max_tokens, eng.config.max_model_len - len(prompt)))
-    k = body.top_logprobs or 0 if body.logprobs else None
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    branches = _branches(eng, rid, [prompt], body, max_tokens, k)
+    branches = await off_loop(_chat_inputs, eng, rid, body, server.config)
     meta = {"id": rid, "object": "chat.completion.chunk" if body.stream else "chat.completion",
             "created": int(time.time()), "model": server.model_name}
     texts = {b.index: _text_stream(tok, body, None) for b in branches}
@@ -114,7 +122,25 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         text = texts[b.index].push(list(b.output)) + texts[b.index].finish()
         choices.append({"index": b.index, "message": {"role": "assistant", "content": text},
                         "logprobs": lp, "finish_reason": finish_reason(b)})
-    return JSONResponse({**meta, "choices": choices, "usage": usage(req.branches)})
+    return JSONResponse({**meta, "choices": choices, "usage": usage(req.branches, body.n)})
+
+
+def _chat_inputs(eng: Engine, rid: str, body: ChatCompletionRequest, config) -> list[Branch]:
+    """The rendered conversation's branches, one per choice (runs in a worker thread)."""
+    check_fanout(1, body.n, config.max_branches_per_request)
+    messages = body.rendered_messages()
+    for i, m in enumerate(messages):
+        check_text(m["content"], f"messages.{i}.content")
+    try:
+        text = eng.tokenizer.apply_chat_template(messages)
+    except Exception as e:  # a template error is the request's fault (roles, order)
+        raise bad_request(f"messages: the chat template failed: {e}", "messages") from e
+    prompt = encode_text(eng.tokenizer, text, "messages", eng.config.max_model_len)
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    if max_tokens is None:
+        max_tokens = max(1, min(config.default_max_tokens, eng.config.max_model_len - len(prompt)))
+    k = body.top_logprobs or 0 if body.logprobs else None
+    return _branches(eng, rid, [prompt], body, max_tokens, k)
 
 
 def _chat_chunks(ev, texts: dict, body: ChatCompletionRequest, meta: dict):
@@ -141,7 +167,7 @@ def _chat_chunks(ev, texts: dict, body: ChatCompletionRequest, meta: dict):
         yield {**meta, "choices": [{"index": b.index, "delta": delta, "logprobs": None,
                                     "finish_reason": finish_reason(b)}]}
     if body.include_usage:
-        yield {**meta, "choices": [], "usage": usage(ev.request.branches)}
+        yield {**meta, "choices": [], "usage": usage(ev.request.branches, body.n)}
 
 
 # ====================================================================== shared
@@ -206,8 +232,16 @@ def _sse(tracked: TrackedRequest, server, endpoint: str, chunks) -> StreamingRes
                     status = str(ev.error.status)
                     yield ev.error.sse()
                     break
-                for chunk in chunks(ev):
-                    yield f"data: {json.dumps(chunk)}\n\n"
+                try:
+                    lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks(ev)]
+                except Exception as e:  # a bug while rendering: the client still gets an error event
+                    log.exception("rendering a stream chunk failed")
+                    err = unexpected(e)
+                    status = str(err.status)
+                    yield err.sse()
+                    break
+                for line in lines:
+                    yield line
                 if isinstance(ev, Finished):
                     status = "200"
                     break
