@@ -1,6 +1,6 @@
 """Choosing next tokens from logits: sampling parameters (validated) and a per-row sampler.
 
-Greedy when temperature == 0. Otherwise logits / temperature, then top-k, then top-p (nucleus),
+Greedy when temperature < 1e-5. Otherwise logits / temperature, then top-k, then top-p (nucleus),
 then one draw from the row's own `torch.Generator` (seeded rows are reproducible whatever else is
 in the batch). Reported logprobs are those of the model's distribution (log-softmax of the raw
 logits), not of the temperature/top-k/top-p-modified one, as OpenAI-style APIs report them.
@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+GREEDY_BELOW = 1e-5  # as vLLM: a smaller temperature is greedy (logits / 1e-300 overflow to inf, then NaN)
 
 
 @dataclass
@@ -53,7 +55,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def make_generator(params: SamplingParams, device: str | torch.device = "cpu") -> torch.Generator:

@@ -9,6 +9,7 @@ ChatML: `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, then `<|im_st
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,16 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 _CHAR_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+_BATCH = 256  # texts per call into the Rust tokenizer: the GIL is retaken between calls
+
+
+class PromptTooLong(ValueError):
+    def __init__(self, index: int, tokens: int | None, limit: int, chars: int = 0) -> None:
+        if tokens is not None:
+            super().__init__(f"the prompt is {tokens} tokens, more than max_model_len {limit}")
+        else:
+            super().__init__(f"the prompt ({chars} characters) is longer than max_model_len {limit} tokens")
+        self.index = index
 
 
 class Tokenizer:
@@ -67,6 +78,7 @@ class Tokenizer:
         self._tok = tok
         self.chat_template = chat_template
         self._added: dict | None = None  # id -> AddedToken, built on first use
+        self._cover: int | None = None  # see _max_token_chars
         self._byte_level = False
         ids = [tok.token_to_id(t) for t in eos_tokens]
         self.eos_token_ids: tuple[int, ...] = tuple(i for i in ids if i is not None)
@@ -100,12 +112,43 @@ class Tokenizer:
         return self._tok.token_to_id(token)
 
     def encode(self, text: str, limit: int | None = None, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of `text`; with `limit`, a ValueError instead of a list longer than it (the ids of a
-        huge prompt are never built as Python objects)."""
-        enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
-        if limit is not None and len(enc) > limit:
-            raise ValueError(f"the prompt is {len(enc)} tokens, more than max_model_len {limit}")
-        return enc.ids
+        """Token ids of `text`; with `limit`, a ValueError instead of a list longer than it."""
+        return self.encode_batch([text], limit, add_special_tokens)[0]
+
+    def encode_batch(self, texts: list[str], limit: int | None = None,
+                     add_special_tokens: bool = False) -> list[list[int]]:
+        """Token ids of each text. The Rust tokenizer runs with the GIL released (its batch calls
+        do; its `encode` does not), a slice at a time, so other threads keep running; the fast
+        variant skips character offsets, which nobody reads (and which take time to free). With `limit`,
+        a `PromptTooLong` naming the first text longer than it; a text with more characters than
+        `limit` tokens could ever cover is refused without being tokenized."""
+        return list(self.iter_encode(texts, limit, add_special_tokens))
+
+    def iter_encode(self, texts: list[str], limit: int | None = None,
+                    add_special_tokens: bool = False) -> Iterator[list[int]]:
+        """`encode_batch` one text at a time (a caller keeping 100k prompts can store them compactly)."""
+        cover = self._max_token_chars()
+        for start in range(0, len(texts), _BATCH):
+            chunk = texts[start:start + _BATCH]
+            if limit is not None and cover is not None:
+                for i, t in enumerate(chunk):
+                    if len(t) > limit * cover:
+                        raise PromptTooLong(start + i, None, limit, len(t))
+            for i, enc in enumerate(self._tok.encode_batch_fast(chunk, add_special_tokens=add_special_tokens)):
+                if limit is not None and len(enc) > limit:
+                    raise PromptTooLong(start + i, len(enc), limit)
+                yield enc.ids
+
+    def _max_token_chars(self) -> int | None:
+        """The most text characters one token can stand for (tokens >= characters / this), or None
+        when a normalizer may shrink the text before tokenizing."""
+        if self._cover is None:
+            if self._tok.normalizer is not None:
+                self._cover = 0
+            else:
+                pieces = self._tok.get_vocab(with_added_tokens=True)
+                self._cover = max((len(p.encode("utf-8")) for p in pieces), default=1)
+        return self._cover or None
 
     def is_special(self, token_id: int) -> bool:
         """A special added token (decode(..., skip_special_tokens=True) leaves it out)."""

@@ -10,6 +10,7 @@ sleeps until `idle_until()` or the next command, whichever comes first.
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import logging
 import queue
 import threading
@@ -153,6 +154,10 @@ class EngineLoop:
             log.exception("model failed to load")
             self.load_error = e
             return
+        # As vLLM's server does after start-up: the model's objects move out of the collector's
+        # reach, so a full collection (triggered by a request that builds 100k branches) scans only
+        # what requests made, instead of stopping every thread for ~0.4 s.
+        gc.freeze()
         eng = self.engine
         sc = eng.scheduler
         self._update_gauges()

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from radixflow.engine.tokenizer import PromptTooLong
 from radixflow.server.errors import bad_request
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -37,6 +38,25 @@ def encode_text(tokenizer, text: str, param: str, limit: int | None = None,
         return tokenizer.encode(text, limit, add_special_tokens)
     except ValueError as e:
         raise bad_request(f"{param}: {e}", param) from e
+
+
+def encode_prompts(tokenizer, prompts: list[str | list[int]], limit: int) -> list[Sequence[int]]:
+    """A completions prompt list as token ids: texts are tokenized together (a batch at a time, the
+    GIL released), token-id lists pass through. Errors name `prompt` (one prompt) or `prompt.i`."""
+    def param(i: int) -> str:
+        return "prompt" if len(prompts) == 1 else f"prompt.{i}"
+
+    where = [i for i, p in enumerate(prompts) if isinstance(p, str)]
+    for i in where:
+        check_text(prompts[i], param(i))
+    out = [p if isinstance(p, list) else None for p in prompts]
+    try:
+        # a tuple of ints leaves the collector's view; 100k live lists would make its full passes long
+        for i, ids in zip(where, tokenizer.iter_encode([prompts[i] for i in where], limit)):
+            out[i] = tuple(ids)
+    except PromptTooLong as e:
+        raise bad_request(f"{param(where[e.index])}: {e}", param(where[e.index])) from e
+    return out
 
 
 def check_fanout(num_prompts: int, n: int, cap: int) -> None:

@@ -21,7 +21,7 @@ from radixflow.engine.engine import Engine
 from radixflow.engine.sampling import SamplingParams
 from radixflow.server.engine_loop import Delta, Failed, Finished
 from radixflow.server.errors import bad_request, unexpected
-from radixflow.server.inputs import check_fanout, check_text, encode_text, off_loop
+from radixflow.server.inputs import check_fanout, check_text, encode_prompts, encode_text, off_loop
 from radixflow.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from radixflow.server.render import TextStream, chat_logprobs, completion_logprobs, finish_reason, text_offsets, usage
 from radixflow.server.tracking import ClientGone, TrackedRequest
@@ -68,9 +68,7 @@ def _completion_inputs(eng: Engine, rid: str, body: CompletionRequest, cap: int)
     if not raw:
         raise bad_request("prompt must not be empty", "prompt")
     check_fanout(len(raw), body.n, cap)
-    limit = eng.config.max_model_len
-    prompts = [encode_text(eng.tokenizer, p, "prompt" if len(raw) == 1 else f"prompt.{i}", limit)
-               if isinstance(p, str) else list(p) for i, p in enumerate(raw)]
+    prompts = encode_prompts(eng.tokenizer, raw, eng.config.max_model_len)
     return prompts, _branches(eng, rid, prompts, body, body.max_tokens, body.logprobs)
 
 
@@ -173,20 +171,23 @@ def _chat_chunks(ev, texts: dict, body: ChatCompletionRequest, meta: dict):
 # ====================================================================== shared
 def _branches(eng: Engine, rid: str, prompts: list[list[int]], body: SamplingFields, max_tokens: int,
               logprobs: int | None) -> list[Branch]:
-    """One branch per prompt and choice, validated by the engine (vocabulary, max_model_len)."""
-    branches = []
-    now = time.monotonic()
+    """One branch per prompt and choice. Every prompt is checked (vocabulary, max_model_len) before
+    any branch is built: a refused request of 100k prompts leaves no 100k objects to collect."""
     for i, prompt in enumerate(prompts):
         if not prompt:
             raise bad_request(f"prompt {i} is empty" if len(prompts) > 1 else "prompt is empty", "prompt")
+        try:
+            eng.check_prompt(prompt, max_tokens)
+        except ValueError as e:
+            param = "max_tokens" if "max_model_len" in str(e) else "prompt"
+            where = f"prompt {i}: " if len(prompts) > 1 else ""
+            raise bad_request(f"{where}{e}", param) from e
+    branches = []
+    now = time.monotonic()
+    for prompt in prompts:
         for j in range(body.n):
             params = _params(body, max_tokens, logprobs, j)
-            try:
-                branches.append(eng.make_branch(rid, len(branches), prompt, params, body.namespace, now))
-            except ValueError as e:
-                param = "max_tokens" if "max_model_len" in str(e) else "prompt"
-                where = f"prompt {i}: " if len(prompts) > 1 else ""
-                raise bad_request(f"{where}{e}", param) from e
+            branches.append(eng.make_branch(rid, len(branches), prompt, params, body.namespace, now))
     return branches
 
 
