@@ -83,15 +83,20 @@ def engine_config(args) -> EngineConfig:
                         max_model_len=args.max_model_len, seed=args.seed)
 
 
-def run(args) -> int:
+def server_config(args):
     from radixflow.server.app import ServerConfig
+
+    return ServerConfig(engine=engine_config(args), host=args.host, port=args.port,
+                        served_model_name=args.served_model_name, max_queue=args.max_queue,
+                        default_max_tokens=args.default_max_tokens, drain_timeout=args.drain_timeout,
+                        debug_endpoints=args.debug_endpoints, torch_threads=args.torch_threads,
+                        max_body_bytes=args.max_body_size, max_branches_per_request=args.max_branches_per_request)
+
+
+def run(args) -> int:
     from radixflow.server.runner import serve
 
     resolve_model(args.model)  # a bad name or path fails here, before the port opens
-    config = ServerConfig(engine=engine_config(args), host=args.host, port=args.port,
-                          served_model_name=args.served_model_name, max_queue=args.max_queue,
-                          default_max_tokens=args.default_max_tokens, drain_timeout=args.drain_timeout,
-                          debug_endpoints=args.debug_endpoints, torch_threads=args.torch_threads,
-                          max_body_bytes=args.max_body_size, max_branches_per_request=args.max_branches_per_request)
+    config = server_config(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     return serve(config, args.log_level)
