@@ -8,6 +8,7 @@ import json
 import random
 
 import httpx
+import openai
 import pytest
 from server_harness import error_of, metric, scrape, start_server
 
@@ -180,3 +181,16 @@ def test_fuzz_of_malformed_requests_never_gets_a_500(hybrid_server):
     assert statuses.get(400, 0) > 100 and statuses.get(200, 0) > 10, statuses
     report = hybrid_server.wait_idle()
     assert report["integrity"] == "ok" and report["holds_nothing"]
+
+
+def test_the_openai_client_sees_4xx_errors_it_can_handle(hybrid_server):
+    # (the client cannot send a lone surrogate at all: it encodes its JSON as strict UTF-8)
+    client = hybrid_server.client()
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny-qwen3.5", prompt="a", max_tokens=1, seed=2**64)
+    assert e.value.body["param"] == "seed"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny-qwen3.5", prompt=["a"] * 1025, max_tokens=1)
+    assert "at most 1024" in e.value.body["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])

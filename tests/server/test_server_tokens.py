@@ -118,3 +118,12 @@ def test_chat_logprob_bytes_are_the_tokens_real_bytes(hybrid_server):
     assert len(entries) == 12 * 4
     for e in entries:
         assert e["bytes"] == real(int(e["token"].removeprefix("token_id:"))), e
+
+
+def test_usage_with_n_through_the_openai_client(hybrid_server):
+    client = hybrid_server.client()
+    count = _tokenize(hybrid_server, prompt="openai n")["count"]
+    out = client.completions.create(model="tiny-qwen3.5", prompt="openai n", n=4, max_tokens=3,
+                                    extra_body={"ignore_eos": True})
+    assert len(out.choices) == 4
+    assert out.usage.prompt_tokens == count and out.usage.completion_tokens == 12
