@@ -48,6 +48,17 @@ def test_seed_out_of_the_64_bit_range_names_seed(hybrid_server, seed):
     assert error_of(r)["param"] == "seed"
 
 
+@pytest.mark.parametrize("fields", [{"temperature": 1e-300}, {"temperature": 1e-5}, {"top_p": 1e-300},
+                                    {"top_p": 1e-300, "temperature": 2, "top_k": 2**70}])
+def test_extreme_sampling_values_sample_instead_of_failing_the_batch(hybrid_server, fields):
+    # these used to turn the row's probabilities into NaN, and the engine error failed every request
+    # in the batch
+    body = {"prompt": "edge", "max_tokens": 3, "ignore_eos": True, "logprobs": 2, **fields}
+    r = hybrid_server.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"][0]["logprobs"]["tokens"]) == 3
+
+
 def test_429_carries_retry_after():
     live = start_server("tiny-qwen3", max_num_seqs=1, max_queue=1)
     try:

@@ -93,6 +93,7 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     probs = sorted_logits.softmax(-1)
     before = probs.cumsum(-1) - probs          # mass of strictly more likely tokens
     drop_sorted = before >= p
+    drop_sorted[..., 0] = False  # the most likely token stays even when p rounds to 0 in float32
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
