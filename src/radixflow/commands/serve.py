@@ -10,6 +10,7 @@ from radixflow.commands.common import add_scheduler_flags, positive_int
 from radixflow.config import SchedulerConfig
 from radixflow.core.policies import ARMS
 from radixflow.engine.engine import EngineConfig
+from radixflow.engine.loader import check_model
 from radixflow.engine.tiny import resolve_model
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -96,7 +97,7 @@ def server_config(args):
 def run(args) -> int:
     from radixflow.server.runner import serve
 
-    resolve_model(args.model)  # a bad name or path fails here, before the port opens
+    check_model(resolve_model(args.model))  # a bad name, path or file fails here, before the port opens
     config = server_config(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     return serve(config, args.log_level)
