@@ -120,7 +120,10 @@ def _endpoint(app: FastAPI, scope: dict) -> str:
     route = scope.get("route")
     if route is not None:
         return route.path
-    paths = {r.path for rt in (app.router, router, tokenize_router) for r in rt.routes if hasattr(r, "path")}
+    paths = getattr(app.state, "paths", None)
+    if paths is None:  # built on first use, once every route is declared
+        paths = {r.path for rt in (app.router, router, tokenize_router) for r in rt.routes if hasattr(r, "path")}
+        app.state.paths = paths
     return scope["path"] if scope.get("path") in paths else "unmatched"
 
 
