@@ -35,12 +35,13 @@ def encode_text(tokenizer, text: str, param: str, limit: int | None = None,
     """Token ids of `text`, or a 400 naming `param` (bad text, or more than `limit` tokens)."""
     check_text(text, param)
     try:
-        return tokenizer.encode(text, limit, add_special_tokens)
+        return tokenizer.encode(text, add_special_tokens, limit)
     except ValueError as e:
         raise bad_request(f"{param}: {e}", param) from e
 
 
-def encode_prompts(tokenizer, prompts: list[str | list[int]], limit: int) -> list[Sequence[int]]:
+def encode_prompts(tokenizer, prompts: list[str | list[int]], limit: int | None,
+                   add_special_tokens: bool = False) -> list[Sequence[int]]:
     """A completions prompt list as token ids: texts are tokenized together (a batch at a time, the
     GIL released), token-id lists pass through. Errors name `prompt` (one prompt) or `prompt.i`."""
     def param(i: int) -> str:
@@ -52,7 +53,7 @@ def encode_prompts(tokenizer, prompts: list[str | list[int]], limit: int) -> lis
     out = [p if isinstance(p, list) else None for p in prompts]
     try:
         # a tuple of ints leaves the collector's view; 100k live lists would make its full passes long
-        for i, ids in zip(where, tokenizer.iter_encode([prompts[i] for i in where], limit)):
+        for i, ids in zip(where, tokenizer.iter_encode([prompts[i] for i in where], limit, add_special_tokens)):
             out[i] = tuple(ids)
     except PromptTooLong as e:
         raise bad_request(f"{param(where[e.index])}: {e}", param(where[e.index])) from e
