@@ -189,7 +189,8 @@ def test_fuzz_of_malformed_requests_never_gets_a_500(hybrid_server):
             assert r.status_code < 500, (path, raw[:300], r.text[:300])
             if r.status_code != 200:
                 error_of(r)  # the OpenAI error shape, always
-    assert statuses.get(400, 0) > 100 and statuses.get(200, 0) > 10, statuses
+    # most mutants are refused (unknown fields are refused since the parameter work); some still run
+    assert statuses.get(400, 0) > 100 and statuses.get(200, 0) >= 3, statuses
     report = hybrid_server.wait_idle()
     assert report["integrity"] == "ok" and report["holds_nothing"]
 
