@@ -6,7 +6,9 @@ must keep (plugin/native: steps <= 1.02, hit tokens >= 0.98, last finish <= 1.05
 RACE-M-shaped 256-question burst (all arrivals at 0, S = 16, T = 8192): steps native -> plugin and the
 reduction (>= 40 % required).
 
-    python benchmarks/vllm_sweep.py [--only NAME_SUBSTRING] [--skip-race]
+    python benchmarks/vllm_sweep.py [--only NAME_SUBSTRING] [--skip-race] [--seeds 10,11,12,13]
+
+`--seeds` reruns every selected config with each of the given seeds instead of its own (held-out runs).
 
 vLLM prints CPU-platform notices on stderr; the tables are on stdout.
 """
@@ -28,16 +30,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="run only configs whose name contains this")
     p.add_argument("--skip-race", action="store_true", help="skip the 256-question RACE-M burst")
     p.add_argument("--race-questions", type=int, default=256)
+    p.add_argument("--seeds", default="", help="comma-separated seeds to rerun each config with (held-out runs)")
     args = p.parse_args(argv)
-    from radixflow.integrations.vllm.sweep import run_config, sweep_configs
+    from radixflow.integrations.vllm.sweep import run_config, sweep_configs, with_seed
 
-    cols = f"{'config':<22} {'steps n/p':>11} {'hits n/p':>11} {'finish n/p':>11} {'preempt n/p':>11} " \
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+    configs = [c for c in sweep_configs() if args.only in c.name]
+    if seeds:
+        configs = [with_seed(c, s) for c in configs for s in seeds]
+
+    cols = f"{'config':<28} {'steps n/p':>11} {'hits n/p':>11} {'finish n/p':>11} {'preempt n/p':>11} " \
            f"{'defer':>6} {'steps':>6} {'hits':>6} {'finish':>6}  ok"
     print(cols)
     failures = 0
-    for config in sweep_configs():
-        if args.only not in config.name:
-            continue
+    for config in configs:
         native, plugin = run_config(config, plugin=False), run_config(config, plugin=True)
         r_steps = plugin.steps / native.steps
         r_hits = plugin.hit_tokens / native.hit_tokens if native.hit_tokens else 1.0
@@ -46,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         failures += not ok
         pairs = " ".join(f"{getattr(native, f):>5}/{getattr(plugin, f):<5}"
                          for f in ("steps", "hit_tokens", "last_finish_step", "preemptions"))
-        print(f"{config.name:<22} {pairs} {plugin.deferrals:>6} {r_steps:>6.3f} {r_hits:>6.3f} {r_finish:>6.3f}  "
+        print(f"{config.name:<28} {pairs} {plugin.deferrals:>6} {r_steps:>6.3f} {r_hits:>6.3f} {r_finish:>6.3f}  "
               f"{'yes' if ok else 'NO'}")
-    print(f"configs failing a limit: {failures}")
+    print(f"configs failing a limit: {failures} of {len(configs)}")
     if not args.skip_race:
         from vllm_replay import qa_branches, replay_vllm
 
