@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-SNAPSHOT_MODES = ("every-boundary", "chunk-end")
+SNAPSHOT_MODES = ("every-boundary", "chunk-end", "vllm-align")
 
 
 def _opt(default, help: str, **kw):
@@ -26,7 +26,13 @@ class SchedulerConfig:
     snapshot_mode: str = _opt("every-boundary", "hybrid models: 'every-boundary' snapshots every state-interval "
                                                 "boundary a chunk crosses, plus a finished branch's end (SPEC §2); "
                                                 "'chunk-end' snapshots only where a chunk ends on a boundary and "
-                                                "splits a prompt's last chunk there (vLLM 0.33's align mode)")
+                                                "splits a prompt's last chunk there; 'vllm-align' is vLLM 0.33's "
+                                                "align mode as vLLM computes it: the block = state interval = "
+                                                "vLLM's hybrid block size, its split and junction stops "
+                                                "(core/vllm_split.py)")
+    internal_checkpoint: bool = _opt(False, "vllm-align: every state layer exports the prompt's last block-"
+                                            "boundary state from inside the final chunk (vLLM's "
+                                            "mamba_has_prefill_checkpoint_blocks), so that chunk is not cut")
     num_kv_pages: int = _opt(1 << 20, "KV pool size in pages")
     num_state_slots: int = _opt(1 << 16, "state snapshot pool size in slots (hybrid models)")
     cache_memory_bytes: int = _opt(0, "if > 0: pages and slots share this many bytes (a unified pool, as "

@@ -16,6 +16,7 @@ from radixflow.core.batch import Batch, ExecResult, Fragment, Outcome
 from radixflow.core.branch import Branch, BranchState
 from radixflow.core.integrity import check_scheduler, holds_nothing
 from radixflow.core.policies import AdmissionView, Arm
+from radixflow.core.vllm_split import aligned_split, internal_checkpoint
 
 
 @dataclass(eq=False)
@@ -33,6 +34,7 @@ class _Track:
     level: int = 0  # dependency depth of the branch's last fragment
     verified: int = 0  # depth up to which a match was checked token by token
     no_cache: bool = False  # a hash collision was detected: this branch neither reads nor writes the cache
+    junction: int = 0  # vllm-align: KV hit depth past the state hit at selection (vLLM's shared_prefix_boundary)
 
 
 class _Plan(NamedTuple):
@@ -62,7 +64,12 @@ class Scheduler:
         self.hybrid = hybrid
         self.block_size = config.block_size
         self.interval = config.state_interval if hybrid else config.block_size
-        self.chunk_end = hybrid and config.snapshot_mode == "chunk-end"
+        self.vllm_align = hybrid and config.snapshot_mode == "vllm-align"
+        if self.vllm_align and config.state_interval != config.block_size:
+            raise ValueError(f"--snapshot-mode vllm-align keeps state on KV blocks: the state interval "
+                             f"({config.state_interval}) must equal the block size ({config.block_size}); "
+                             f"spec.vllm_align.apply_vllm_align sets both to vLLM's block")
+        self.chunk_end = hybrid and config.snapshot_mode in ("chunk-end", "vllm-align")
         budget = ByteBudget(config.cache_memory_bytes) if config.cache_memory_bytes > 0 else None
         self.pages = IdPool(config.num_kv_pages, "KV page", config.kv_page_bytes, budget)
         self.slots = IdPool(config.num_state_slots if hybrid else 0, "state slot", config.state_slot_bytes, budget)
@@ -120,7 +127,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and rows and tokens:
             b = self.running[i]
-            n = self._chunk(b.num_computed_tokens, b.num_tokens, tokens)
+            n = self._chunk(b.num_computed_tokens, b.num_tokens, tokens, b, b.sched.junction)
             if n == 0:
                 i += 1
                 continue
@@ -252,17 +259,19 @@ class Scheduler:
         if self.hybrid:
             bd = self.index.boundary(m)
             if bd.blocking is not None:
-                if self._chunk(bd.blocking.depth, b.num_tokens, tokens) == 0:
+                depth = bd.blocking.depth
+                if self._chunk(depth, b.num_tokens, tokens, b, self._junction(m, depth)) == 0:
                     return Outcome.OTHER, None, "tokens"
                 return Outcome.BLOCKED, None, "blocked"
             start, snapshot = bd.ready, bd.ready_snapshot
         else:
             start = m.depth
-        n = self._chunk(start, b.num_tokens, tokens)
+        junction = self._junction(m, start)
+        n = self._chunk(start, b.num_tokens, tokens, b, junction)
         if n == 0:
             return Outcome.OTHER, None, "tokens"
         if self.arm.frag and not allow_split:
-            if n < self._chunk(start, b.num_tokens, self.config.max_num_batched_tokens):
+            if n < self._chunk(start, b.num_tokens, self.config.max_num_batched_tokens, b, junction):
                 return Outcome.OTHER, None, "short-fragment"
         # Hold the matched path while making room, so eviction cannot take what we matched.
         node = m.node if start else None
@@ -289,6 +298,7 @@ class Scheduler:
         b.state = BranchState.RUNNING
         self.running.append(b)
         b.num_computed_tokens = start
+        tr.junction = self._junction(plan.match, start)
         if start:
             node = plan.match.node
             self.index.lock(node)
@@ -353,6 +363,11 @@ class Scheduler:
         out: list[tuple[int, int]] = []
         caching = self.config.enable_prefix_caching and not tr.no_cache
         if caching and self.chunk_end:
+            if self.vllm_align:  # a state exported from inside the final chunk (no cut there)
+                ckpt = internal_checkpoint(start, end, b.prompt_len, b.num_tokens, self.interval,
+                                           self.config.internal_checkpoint)
+                if ckpt is not None and ckpt % self.block_size == 0:
+                    self._capture_at(b, ckpt, start, now, out)
             if end % self.interval == 0:
                 self._capture_at(b, end, start, now, out)
         elif caching:
@@ -468,11 +483,19 @@ class Scheduler:
         start = self.index.ready_boundary(m)[0] if self.hybrid else m.depth
         return b.num_tokens - start
 
-    def _chunk(self, start: int, total: int, tokens: int) -> int:
+    def _junction(self, m: Match, start: int) -> int:
+        """vllm-align: the KV hit's depth when it runs past the state hit (vLLM stops a chunk there)."""
+        return m.depth if self.vllm_align and m.depth > start else 0
+
+    def _chunk(self, start: int, total: int, tokens: int, b: Branch | None = None, junction: int = 0) -> int:
         """Tokens for one row: all that is left if it fits, else a chunk cut to a state boundary.
         In chunk-end mode a last chunk that crosses a boundary is cut there too, so that boundary's
-        state is cached (vLLM's align mode); the tail runs in a later round."""
+        state is cached (vLLM's align mode); the tail runs in a later round. vllm-align applies
+        vLLM's own split (core/vllm_split.py)."""
         n = min(total - start, tokens)
+        if self.vllm_align and b is not None:
+            return aligned_split(start, max(n, 0), b.prompt_len, total, self.interval,
+                                 self.config.max_num_batched_tokens, self.config.internal_checkpoint, junction)
         if self.hybrid:
             aligned = (start + n) // self.interval * self.interval
             if n < total - start or (self.chunk_end and start < aligned < start + n):

@@ -15,6 +15,7 @@ from radixflow.core.scheduler import Scheduler
 from radixflow.sim.cost_model import GPU, CostModel, cache_budget, pool_sizes
 from radixflow.sim.executor import SimExecutor
 from radixflow.spec.model_spec import ModelSpec
+from radixflow.spec.vllm_align import apply_vllm_align, vllm_slot_bytes
 from radixflow.workloads.trace import fresh_copies
 
 
@@ -30,7 +31,7 @@ class SimSetup:
     round_hook: Callable | None = field(default=None, repr=False)
 
     def scheduler_config(self) -> SchedulerConfig:
-        cfg = SchedulerConfig(**vars(self.config))
+        cfg = apply_vllm_align(SchedulerConfig(**vars(self.config)), self.spec, self.gpu.name)
         if not self.size_pools:
             return cfg
         if self.state_fraction is not None:
@@ -40,6 +41,8 @@ class SimSetup:
         budget = cache_budget(self.spec, self.gpu, self.gpu_memory_utilization)
         page_bytes = self.spec.kv_bytes_per_token * cfg.block_size
         slot_bytes = self.spec.state_bytes_per_snapshot
+        if cfg.snapshot_mode == "vllm-align" and self.spec.is_hybrid:
+            slot_bytes = vllm_slot_bytes(self.spec, cfg.block_size)  # vLLM pads state pages to KV pages
         cfg.num_kv_pages = max(1, budget // page_bytes)
         cfg.num_state_slots = budget // slot_bytes if self.spec.is_hybrid else 0
         cfg.cache_memory_bytes, cfg.kv_page_bytes, cfg.state_slot_bytes = budget, page_bytes, slot_bytes

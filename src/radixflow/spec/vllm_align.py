@@ -21,9 +21,10 @@ What vLLM derives, and where (vLLM 0.33 source):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import gcd, lcm
 
+from radixflow.config import SchedulerConfig
 from radixflow.spec.model_spec import LINEAR, MAMBA, ModelSpec
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
@@ -114,3 +115,21 @@ def vllm_geometry(spec: ModelSpec, gpu: str = "a800", ssm_dtype: str | None = No
                          f"for {spec.name}")
     unit = gcd(unit, b)
     return VllmGeometry(b, unit, spec.is_hybrid and exports_prefill_checkpoint(spec, gpu))
+
+
+def apply_vllm_align(cfg: SchedulerConfig, spec: ModelSpec, gpu: str) -> SchedulerConfig:
+    """A copy of `cfg` with vLLM's geometry when it asks for `vllm-align` on a hybrid model: block =
+    state interval = vLLM's B, the internal-checkpoint condition, and a state slot as large as vLLM's
+    padded Mamba pages (one attention page per state layer). Other configs come back unchanged."""
+    if cfg.snapshot_mode != "vllm-align" or not spec.is_hybrid:
+        return cfg
+    g = vllm_geometry(spec, gpu)
+    out = replace(cfg, block_size=g.block_size, state_interval=g.block_size,
+                  internal_checkpoint=g.internal_checkpoint)
+    out.validate()
+    return out
+
+
+def vllm_slot_bytes(spec: ModelSpec, block: int) -> int:
+    """Bytes of one state snapshot in vLLM: every state layer's page padded to one attention page."""
+    return (spec.count(LINEAR) + spec.count(MAMBA)) * block * attention_page_bytes_per_token(spec)
