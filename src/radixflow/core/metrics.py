@@ -55,9 +55,15 @@ class ArmMeasures:
     # Per-request latencies, kept so that merged parts give pooled percentiles (not written to JSON).
     latencies: list[float] = field(default_factory=list, repr=False)
 
+    @property
+    def rows_per_branch(self) -> float:
+        """Fragments ÷ branches: how often vLLM-style chunking splits a branch (1.0 = never)."""
+        return self.fragments / self.branches if self.branches else 0.0
+
     def to_dict(self) -> dict:
         d = asdict(self)
         del d["latencies"]
+        d["rows_per_branch"] = self.rows_per_branch
         return d
 
 

@@ -26,6 +26,7 @@ from radixflow.core.policies import AdmissionView, Arm, StateReady
 from radixflow.core.scheduler import RoundRecord
 from radixflow.core.vllm_split import internal_checkpoint
 from radixflow.sim.cost_model import CostModel
+from radixflow.spec.vllm_align import state_groups
 from radixflow.workloads.trace import fresh_copies
 
 
@@ -42,11 +43,19 @@ def _harness():
     return cpu_harness
 
 
-def build_scheduler(cfg: SchedulerConfig, hybrid: bool, plugin: bool, num_gpu_blocks: int, max_model_len: int):
-    """A fresh vLLM scheduler with the cache geometry of `cfg` (block, internal checkpoint)."""
+def require_vllm() -> None:
+    """Raises VllmUnavailable unless vLLM 0.33 and the CPU harness import."""
+    _harness()
+
+
+def build_scheduler(cfg: SchedulerConfig, hybrid: bool, plugin: bool, num_gpu_blocks: int, max_model_len: int,
+                    num_state_groups: int = 1):
+    """A fresh vLLM scheduler with the cache geometry of `cfg` (block, internal checkpoint) and
+    `num_state_groups` Mamba groups drawing on the same block pool (vLLM's hybrid layout)."""
     h = _harness()
     import torch
-    from vllm.config import CacheConfig, SchedulerConfig as VllmSchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, VllmConfig
+    from vllm.config import SchedulerConfig as VllmSchedulerConfig
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
@@ -67,9 +76,10 @@ def build_scheduler(cfg: SchedulerConfig, hybrid: bool, plugin: bool, num_gpu_bl
                                                            dtype=torch.float32))]
     if hybrid:
         inside = cfg.internal_checkpoint
-        groups.append(KVCacheGroupSpec(["mamba"], MambaSpec(
-            block_size=bs, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align",
-            num_prefill_checkpoint_blocks=int(inside), prefill_checkpoint_alignment=1 if inside else None)))
+        state = MambaSpec(block_size=bs, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align",
+                          num_prefill_checkpoint_blocks=int(inside),
+                          prefill_checkpoint_alignment=1 if inside else None)
+        groups += [KVCacheGroupSpec([f"mamba{g}"], state) for g in range(num_state_groups)]
     kv_cache_config = KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     cls = h.StateReadyScheduler if plugin else Scheduler
     return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
@@ -90,7 +100,7 @@ class _Record:
 
 def run_vllm_trace(cfg: SchedulerConfig, arm: Arm, cost: CostModel, branches: list[Branch], hybrid: bool,
                    num_gpu_blocks: int, progress: Callable[[int], None] | None = None,
-                   max_steps: int = 10_000_000) -> RunResult:
+                   max_steps: int = 10_000_000, num_state_groups: int = 1) -> RunResult:
     """Runs every branch through one vLLM scheduler under the arm's admission rule and the cost model."""
     h = _harness()
     if arm.frag:
@@ -98,7 +108,8 @@ def run_vllm_trace(cfg: SchedulerConfig, arm: Arm, cost: CostModel, branches: li
                          f"--scheduler vllm runs radix, radix+timer*, radix+flex and radixflow")
     plugin = isinstance(arm.traversal, StateReady)
     longest = max((b.prompt_len + b.max_new_tokens for b in branches), default=1)
-    sched = build_scheduler(cfg, hybrid, plugin, num_gpu_blocks, max(16384, longest + cfg.block_size))
+    sched = build_scheduler(cfg, hybrid, plugin, num_gpu_blocks, max(16384, longest + cfg.block_size),
+                            num_state_groups)
     bs = cfg.block_size
     rec = _Record(cfg)
     order = sorted(branches, key=lambda b: b.arrival)
@@ -200,10 +211,14 @@ def run_vllm_arm(setup, arm: Arm, workloads: list[list[Branch]],
     """`sim.runner.run_arm` on vLLM's scheduler: one fresh scheduler per workload part."""
     cfg = setup.scheduler_config()
     hybrid = setup.spec.is_hybrid
+    # radixflow's unified pool in vLLM's units: a block is one KV page; a snapshot takes one block per
+    # state group (its slot bytes are sized so, spec.vllm_align.vllm_slot_bytes).
+    blocks = cfg.cache_memory_bytes // cfg.kv_page_bytes if cfg.cache_memory_bytes else cfg.num_kv_pages
     parts, runs = [], []
     for branches in workloads:
         res = run_vllm_trace(cfg, arm, CostModel(setup.spec, setup.gpu), fresh_copies(branches), hybrid,
-                             num_gpu_blocks=max(2, min(cfg.num_kv_pages, 1 << 22)), progress=progress)
+                             num_gpu_blocks=max(2, min(blocks, 1 << 22)), progress=progress,
+                             num_state_groups=state_groups(setup.spec))
         parts.append(measure(arm.name, res))
         runs.append(res)
     return merge(arm.name, parts), runs

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from math import gcd, lcm
 
 from radixflow.config import SchedulerConfig
-from radixflow.spec.model_spec import LINEAR, MAMBA, ModelSpec
+from radixflow.spec.model_spec import ATTN, LINEAR, MAMBA, ModelSpec
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 KERNEL_BLOCK = 16  # FlashAttention's smallest kernel block (MultipleOf(16)) and vLLM's default --block-size
@@ -130,6 +130,14 @@ def apply_vllm_align(cfg: SchedulerConfig, spec: ModelSpec, gpu: str) -> Schedul
     return out
 
 
+def state_groups(spec: ModelSpec) -> int:
+    """KV cache groups vLLM makes of the state layers: groups hold as many layers as the rarest kind
+    (the attention layers), the last one padded (`_get_kv_cache_groups_uniform_page_size`,
+    v1/core/kv_cache_planning.py). One snapshot takes one block in each."""
+    state, attn = spec.count(LINEAR) + spec.count(MAMBA), spec.count(ATTN)
+    return -(-state // attn) if state and attn else int(bool(state))
+
+
 def vllm_slot_bytes(spec: ModelSpec, block: int) -> int:
-    """Bytes of one state snapshot in vLLM: every state layer's page padded to one attention page."""
-    return (spec.count(LINEAR) + spec.count(MAMBA)) * block * attention_page_bytes_per_token(spec)
+    """Bytes of one state snapshot in vLLM: a block (one attention page per layer of a group) per state group."""
+    return state_groups(spec) * spec.count(ATTN) * block * attention_page_bytes_per_token(spec)
