@@ -4,7 +4,6 @@ does with it (rows, captures, junction stops)."""
 from __future__ import annotations
 
 from factories import make_branches
-
 from radixflow.config import SchedulerConfig
 from radixflow.core.batch import ExecResult, Sample
 from radixflow.core.branch import Branch

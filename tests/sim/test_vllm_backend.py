@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from integrations.vllm_factories import load_harness
 
+from integrations.vllm_factories import load_harness
 from radixflow.cli import main
 from radixflow.config import SchedulerConfig
 from radixflow.core.policies import get_arm
