@@ -44,8 +44,12 @@ def _harness():
 
 
 def require_vllm() -> None:
-    """Raises VllmUnavailable unless vLLM 0.33 and the CPU harness import."""
-    _harness()
+    """Raises VllmUnavailable unless vLLM 0.33 and the CPU harness import; builds the stand-in model
+    config once, so that forked grid workers inherit it instead of each paying seconds for it."""
+    _harness()._model_config(DEFAULT_MAX_MODEL_LEN)
+
+
+DEFAULT_MAX_MODEL_LEN = 16384
 
 
 def build_scheduler(cfg: SchedulerConfig, hybrid: bool, plugin: bool, num_gpu_blocks: int, max_model_len: int,
@@ -108,7 +112,7 @@ def run_vllm_trace(cfg: SchedulerConfig, arm: Arm, cost: CostModel, branches: li
                          f"--scheduler vllm runs radix, radix+timer*, radix+flex and radixflow")
     plugin = isinstance(arm.traversal, StateReady)
     longest = max((b.prompt_len + b.max_new_tokens for b in branches), default=1)
-    sched = build_scheduler(cfg, hybrid, plugin, num_gpu_blocks, max(16384, longest + cfg.block_size),
+    sched = build_scheduler(cfg, hybrid, plugin, num_gpu_blocks, max(DEFAULT_MAX_MODEL_LEN, longest + cfg.block_size),
                             num_state_groups)
     bs = cfg.block_size
     rec = _Record(cfg)
