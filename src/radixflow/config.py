@@ -33,6 +33,9 @@ class SchedulerConfig:
     internal_checkpoint: bool = _opt(False, "vllm-align: every state layer exports the prompt's last block-"
                                             "boundary state from inside the final chunk (vLLM's "
                                             "mamba_has_prefill_checkpoint_blocks), so that chunk is not cut")
+    prefix_match_unit: int = _opt(0, "vllm-align: vLLM's --prefix-match-unit (hash block) in tokens; 0 = the block "
+                                     "(vLLM's default: no partial hits). A finer unit is modelled only by "
+                                     "--scheduler vllm")
     num_kv_pages: int = _opt(1 << 20, "KV pool size in pages")
     num_state_slots: int = _opt(1 << 16, "state snapshot pool size in slots (hybrid models)")
     cache_memory_bytes: int = _opt(0, "if > 0: pages and slots share this many bytes (a unified pool, as "

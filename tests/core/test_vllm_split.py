@@ -79,3 +79,11 @@ def test_siblings_stop_at_the_junction_and_resume_there():
     assert sorted((b.key[1], b.cached_tokens) for b in sched.finished) == [(0, 0), (1, 0), (2, 256), (3, 256)]
     assert frags[:2] == [(("r0", 0), 0, 320, [320]), (("r0", 1), 0, 256, [256])]
     assert len(frags) == 8
+
+
+def test_a_finer_prefix_match_unit_is_refused_by_radixflows_scheduler():
+    import pytest
+
+    cfg = SchedulerConfig(block_size=B, state_interval=B, snapshot_mode="vllm-align", prefix_match_unit=16)
+    with pytest.raises(ValueError, match="--prefix-match-unit 16 .* --scheduler vllm only"):
+        Scheduler(cfg, get_arm("radix"), hybrid=True)

@@ -16,6 +16,7 @@ from radixflow.commands.common import (
     scheduler_config,
     write_json,
 )
+from radixflow.config import SchedulerConfig, help_of
 from radixflow.core.policies import parse_arms
 from radixflow.sim.cost_model import GPUS, get_gpu
 from radixflow.sim.runner import SCHEDULERS, SimSetup, arm_runner
@@ -34,6 +35,8 @@ def add_arguments(p) -> None:
     add_workload_flags(p)
     add_scheduler_flags(p)
     p.add_argument("--check", action="store_true", help="check_integrity() after every round (slow)")
+    p.add_argument("--prefix-match-unit", type=int, default=0,
+                   help="vllm-align: " + help_of(SchedulerConfig, "prefix_match_unit"))
     p.add_argument("--scheduler", default="radixflow", choices=SCHEDULERS,
                    help="radixflow: radixflow's own scheduler; vllm: vLLM 0.33's real Scheduler (the 'vllm' "
                         "extra) with stand-in model outputs, native for radix* arms, the state-ready plugin "
@@ -48,6 +51,7 @@ def run(args) -> int:
     gpu = get_gpu(args.gpu)
     arms = parse_arms(args.policy)
     cfg = scheduler_config(args, spec.name)
+    cfg.prefix_match_unit = args.prefix_match_unit
     if args.eviction:
         cfg.eviction = args.eviction
         get_eviction(cfg.eviction)  # one policy for these workloads; checks the name
@@ -73,7 +77,8 @@ def run(args) -> int:
                 "parts": [label for label, _ in workloads], "max_num_seqs": cfg.max_num_seqs,
                 "max_num_batched_tokens": cfg.max_num_batched_tokens, "block_size": used.block_size,
                 "state_interval": used.state_interval, "snapshot_mode": used.snapshot_mode,
-                "internal_checkpoint": used.internal_checkpoint, "scheduler": args.scheduler,
+                "internal_checkpoint": used.internal_checkpoint, "prefix_match_unit": used.prefix_match_unit,
+                "scheduler": args.scheduler,
                 "branch_gap": getattr(args, "branch_gap", 0.0), "seed": args.seed, "wall_time": wall}
         write_json(args.json_path, arms_payload(results, meta))
     return 0

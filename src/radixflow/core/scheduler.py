@@ -69,6 +69,9 @@ class Scheduler:
             raise ValueError(f"--snapshot-mode vllm-align keeps state on KV blocks: the state interval "
                              f"({config.state_interval}) must equal the block size ({config.block_size}); "
                              f"spec.vllm_align.apply_vllm_align sets both to vLLM's block")
+        if self.vllm_align and 0 < config.prefix_match_unit < config.block_size:
+            raise ValueError(f"--prefix-match-unit {config.prefix_match_unit} (partial hits below the "
+                             f"{config.block_size}-token block) is modelled by --scheduler vllm only")
         self.chunk_end = hybrid and config.snapshot_mode in ("chunk-end", "vllm-align")
         budget = ByteBudget(config.cache_memory_bytes) if config.cache_memory_bytes > 0 else None
         self.pages = IdPool(config.num_kv_pages, "KV page", config.kv_page_bytes, budget)

@@ -88,7 +88,7 @@ def build_scheduler(cfg: SchedulerConfig, hybrid: bool, plugin: bool, num_gpu_bl
     cls = h.StateReadyScheduler if plugin else Scheduler
     return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                structured_output_manager=StructuredOutputManager(vllm_config), block_size=bs,
-               hash_block_size=bs, log_stats=False)
+               hash_block_size=cfg.prefix_match_unit or bs, log_stats=False)
 
 
 @dataclass
@@ -124,8 +124,8 @@ def run_vllm_trace(cfg: SchedulerConfig, arm: Arm, cost: CostModel, branches: li
     def request_of(b: Branch):
         rid = f"{b.request_id}/{b.index}"
         if rid not in requests:
-            requests[rid] = h.make_request(rid, b.prompt, bs, max_tokens=b.max_new_tokens, arrival=b.arrival,
-                                           cache_salt=b.namespace)
+            requests[rid] = h.make_request(rid, b.prompt, cfg.prefix_match_unit or bs, max_tokens=b.max_new_tokens,
+                                           arrival=b.arrival, cache_salt=b.namespace)
             by_id[rid] = b
         return requests[rid]
 

@@ -123,9 +123,9 @@ def apply_vllm_align(cfg: SchedulerConfig, spec: ModelSpec, gpu: str) -> Schedul
     padded Mamba pages (one attention page per state layer). Other configs come back unchanged."""
     if cfg.snapshot_mode != "vllm-align" or not spec.is_hybrid:
         return cfg
-    g = vllm_geometry(spec, gpu)
+    g = vllm_geometry(spec, gpu, prefix_match_unit=cfg.prefix_match_unit or None)
     out = replace(cfg, block_size=g.block_size, state_interval=g.block_size,
-                  internal_checkpoint=g.internal_checkpoint)
+                  internal_checkpoint=g.internal_checkpoint, prefix_match_unit=g.hash_block_size)
     out.validate()
     return out
 
