@@ -15,7 +15,8 @@ of one, so the tree stays prefix-closed and nothing a running branch holds is to
   idle history is levelled to one depth whatever its idle time.
 
 The policies are the index's friends: they use its private helpers (`_remove_leaf`, `_split`, ...),
-which keep the hash dict, the leaf set and the snapshot set consistent.
+which keep the hash dict, the leaf set and the snapshot set consistent. The index passes itself in;
+`IndexInternals` names all a policy may touch, so this module needs nothing from `cache.radix`.
 """
 
 from __future__ import annotations
@@ -23,20 +24,37 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from radixflow.cache.radix import Node, RadixIndex
+from radixflow.cache.node import Node
+from radixflow.cache.pool import IdPool
+
+
+class IndexInternals(Protocol):
+    """What an eviction policy reads and calls on the `RadixIndex` that passes itself in."""
+
+    block_size: int
+    slots: IdPool
+    _leaves: set[Node]  # unlocked or not, every node without children
+    _snap_nodes: dict[Node, None]  # nodes holding a snapshot, least recently used first
+
+    def _evictable(self, node: Node) -> bool: ...
+
+    def _remove_leaf(self, node: Node) -> int: ...
+
+    def _split(self, node: Node, k: int) -> Node: ...
+
+    def _drop_snapshot(self, node: Node) -> None: ...
 
 
 class EvictionPolicy(Protocol):
     name: str
 
-    def evict_pages(self, index: RadixIndex, need: int) -> int:
+    def evict_pages(self, index: IndexInternals, need: int) -> int:
         """Frees at least `need` KV pages if it can; returns the number freed."""
         ...
 
-    def evict_snapshots(self, index: RadixIndex, need: int) -> int:
+    def evict_snapshots(self, index: IndexInternals, need: int) -> int:
         """Drops at least `need` snapshots if it can (their KV may stay); returns the number dropped."""
         ...
 
@@ -48,7 +66,7 @@ class LRU:
 
     name: str = "lru"
 
-    def evict_pages(self, index: RadixIndex, need: int) -> int:
+    def evict_pages(self, index: IndexInternals, need: int) -> int:
         freed = 0
         heap = [(n.last_access, _order(n), n) for n in index._leaves if index._evictable(n)]
         heapq.heapify(heap)
@@ -62,7 +80,7 @@ class LRU:
                 heapq.heappush(heap, (parent.last_access, _order(parent), parent))
         return freed
 
-    def evict_snapshots(self, index: RadixIndex, need: int) -> int:
+    def evict_snapshots(self, index: IndexInternals, need: int) -> int:
         # The index keeps its snapshot nodes in LRU order: take the oldest droppable ones.
         victims = []
         for n in index._snap_nodes:
@@ -94,7 +112,7 @@ class RoundRobinTail:
         if self.chunk_pages < 1:
             raise ValueError(f"rr-tail chunk must be >= 1 page, got {self.chunk_pages}")
 
-    def evict_pages(self, index: RadixIndex, need: int) -> int:
+    def evict_pages(self, index: IndexInternals, need: int) -> int:
         freed = 0
         while freed < need:
             progressed = False
@@ -111,7 +129,7 @@ class RoundRobinTail:
                 break
         return freed
 
-    def evict_snapshots(self, index: RadixIndex, need: int) -> int:
+    def evict_snapshots(self, index: IndexInternals, need: int) -> int:
         dropped = 0
         while dropped < need:
             progressed = False
@@ -132,7 +150,7 @@ class RoundRobinTail:
         return dropped
 
     # ------------------------------------------------------------------ helpers
-    def _ring(self, index: RadixIndex, cursor: tuple | None) -> list[tuple[tuple, Node]]:
+    def _ring(self, index: IndexInternals, cursor: tuple | None) -> list[tuple[tuple, Node]]:
         """Evictable leaves in rotation order, starting just after the trajectory cut last."""
         items = sorted(((_trajectory_key(n), n) for n in index._leaves if index._evictable(n)),
                        key=lambda kn: kn[0])
@@ -141,7 +159,7 @@ class RoundRobinTail:
         i = bisect.bisect_right([k for k, _ in items], cursor)
         return items[i:] + items[:i]
 
-    def _cut(self, index: RadixIndex, leaf: Node) -> int:
+    def _cut(self, index: IndexInternals, leaf: Node) -> int:
         """Removes the last chunk of `leaf`'s trajectory (hybrid: down to a snapshot boundary)."""
         bs = index.block_size
         target = max(0, leaf.depth - self.chunk_pages * bs)
@@ -183,7 +201,7 @@ class LevelTail(RoundRobinTail):
 
     name: str = "level-tail"
 
-    def evict_pages(self, index: RadixIndex, need: int) -> int:
+    def evict_pages(self, index: IndexInternals, need: int) -> int:
         freed = 0
         while freed < need:
             leaves = [n for n in index._leaves if index._evictable(n)]

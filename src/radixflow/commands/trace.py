@@ -12,8 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from radixflow.commands.common import positive_int, write_json
+from radixflow.sim.chat_trace import trace_chat
 from radixflow.spec import get_spec
-from radixflow.workloads.multiturn import VARIANTS, ChatSpec, conversation, trace_chat
+from radixflow.workloads.multiturn import VARIANTS, ChatSpec, conversation
 
 
 def add_arguments(p) -> None:

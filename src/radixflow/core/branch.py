@@ -37,6 +37,7 @@ class Branch:
     num_fragments: int = 0
     num_preemptions: int = 0
     finish_reason: str | None = None
+    priority: int = 0
     sched: object = None  # scheduler-private bookkeeping (pages, slots, locks)
     user_data: object = None  # executor-private data (sampling params, generator, logprobs)
 

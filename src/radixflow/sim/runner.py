@@ -29,6 +29,7 @@ class SimSetup:
     size_pools: bool = True  # size the pools from GPU memory (else keep config's pool sizes)
     check: bool = False  # check_integrity() after every round (tests)
     round_hook: Callable | None = field(default=None, repr=False)
+    cost_model: Callable[[ModelSpec, GPU], CostModel] = field(default=CostModel, repr=False)  # c(B) factory
 
     def scheduler_config(self) -> SchedulerConfig:
         cfg = apply_vllm_align(SchedulerConfig(**vars(self.config)), self.spec, self.gpu.name)
@@ -63,7 +64,7 @@ def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
             if setup.round_hook is not None:
                 setup.round_hook(s, batch)
 
-        res = run_trace(sched, SimExecutor(CostModel(setup.spec, setup.gpu), setup.spec.vocab_size),
+        res = run_trace(sched, SimExecutor(setup.cost_model(setup.spec, setup.gpu), setup.spec.vocab_size),
                         fresh_copies(branches), on_round=hook, progress=progress)
         parts.append(measure(arm.name, res))
         runs.append(res)
