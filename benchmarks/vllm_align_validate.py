@@ -1,7 +1,7 @@
 """Does `--snapshot-mode vllm-align` predict vLLM 0.33's scheduler? Prints one row per trace x arm.
 
 Each trace runs twice under the same cost model and virtual clock: through radixflow's own scheduler
-in vllm-align mode (`sim.runner.run_arm`) and through vLLM's real `Scheduler` (`sim.vllm_backend`,
+in vllm-align mode (`sim.runner.run_arm`) and through vLLM's real `Scheduler` (`integrations.vllm.sim_backend`,
 native for `radix`, the state-ready plugin for `radixflow`). Printed: steps, rows per step and
 prefix-hit tokens on both sides and their relative differences (figures, never asserted here).
 
@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from radixflow.commands.common import PAPER_BUDGETS, PAPER_RATES  # noqa: E402
 from radixflow.config import SchedulerConfig  # noqa: E402
 from radixflow.core.policies import get_arm  # noqa: E402
+from radixflow.integrations.vllm.sim_backend import run_vllm_arm  # noqa: E402
 from radixflow.sim.cost_model import get_gpu  # noqa: E402
 from radixflow.sim.runner import SimSetup, run_arm  # noqa: E402
-from radixflow.sim.vllm_backend import run_vllm_arm  # noqa: E402
 from radixflow.spec import get_spec  # noqa: E402
 from radixflow.workloads.qa import QUALITY, RACE_M, stream_records, synth_questions  # noqa: E402
 from radixflow.workloads.trace import branch_from_record  # noqa: E402

@@ -14,10 +14,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from radixflow.commands.common import positive_int
 from radixflow.config import SNAPSHOT_MODES, SchedulerConfig, help_of
 from radixflow.core.policies import ARMS
+from radixflow.integrations.vllm.sim_backend import SCHEDULERS, arm_runner
 from radixflow.report.experiment import PRESETS, preset, run_experiment
 from radixflow.report.paper import MODELS
 from radixflow.sim.cost_model import GPUS
-from radixflow.sim.runner import SCHEDULERS, arm_runner
 from radixflow.workloads.qa import ORDERS, STREAMS
 
 

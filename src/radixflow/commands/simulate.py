@@ -19,8 +19,9 @@ from radixflow.commands.common import (
 from radixflow.commands.sessions import SESSION_WORKLOADS, add_session_flags, simulate_cli
 from radixflow.config import SchedulerConfig, help_of
 from radixflow.core.policies import parse_arms
+from radixflow.integrations.vllm.sim_backend import SCHEDULERS, arm_runner
 from radixflow.sim.cost_model import GPUS, get_gpu
-from radixflow.sim.runner import SCHEDULERS, SimSetup, arm_runner
+from radixflow.sim.runner import SimSetup
 from radixflow.spec import PRESETS, get_spec
 
 

@@ -23,11 +23,12 @@ from pathlib import Path
 from radixflow.config import SchedulerConfig
 from radixflow.core.branch import group_requests
 from radixflow.core.policies import ARMS, get_arm
+from radixflow.integrations.vllm.sim_backend import arm_runner
 from radixflow.report import paper
 from radixflow.report.calibrate import GridTools, calibrate_all
 from radixflow.report.cells import MANIFEST, Cell, is_done, read_json, write_atomic
 from radixflow.sim.cost_model import get_gpu
-from radixflow.sim.runner import SimSetup, arm_runner, run_arm
+from radixflow.sim.runner import SimSetup, run_arm
 from radixflow.spec import get_spec
 from radixflow.workloads.figure1 import FIGURE1_BUDGETS, figure1_records
 from radixflow.workloads.qa import ORDERS, STREAMS, paper_questions, stream_records
@@ -76,7 +77,7 @@ class Grid:
     calibrate: bool = False
     snapshot_mode: str = "vllm-align"  # SchedulerConfig.snapshot_mode (hybrid models); vLLM's own by default
     branch_gap: float = 0.0005  # mean s between a question's branches: the paper sends each on its own (§6)
-    scheduler: str = "radixflow"  # radixflow | vllm (vLLM 0.33's Scheduler, sim/vllm_backend.py)
+    scheduler: str = "radixflow"  # radixflow | vllm (vLLM 0.33's Scheduler, integrations/vllm/sim_backend.py)
     budgets: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(paper.BUDGETS))
 
     def rate_of(self, model: str) -> float:

@@ -70,21 +70,3 @@ def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
         runs.append(res)
     return merge(arm.name, parts), runs
 
-
-SCHEDULERS = ("radixflow", "vllm")
-
-
-def arm_runner(scheduler: str) -> Callable:
-    """`run_arm` for radixflow's scheduler, `sim.vllm_backend.run_vllm_arm` for vLLM's; a ValueError
-    naming the missing extra when vLLM is not importable (the CLI prints it as one line, exit 2)."""
-    if scheduler == "radixflow":
-        return run_arm
-    if scheduler != "vllm":
-        raise ValueError(f"unknown scheduler {scheduler!r}; choose from {', '.join(SCHEDULERS)}")
-    from radixflow.sim.vllm_backend import VllmUnavailable, require_vllm, run_vllm_arm
-
-    try:
-        require_vllm()
-    except VllmUnavailable as exc:
-        raise ValueError(str(exc)) from None
-    return run_vllm_arm

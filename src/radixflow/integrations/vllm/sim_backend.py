@@ -1,5 +1,8 @@
 """`radixflow simulate --scheduler vllm`: the simulator driving vLLM 0.33's own `Scheduler`.
 
+It lives with the plugin, above `sim/` (which imports nothing from integrations/); importing this
+module does not import vLLM, `arm_runner("vllm")` does.
+
 No model runs. vLLM schedules; a stand-in model output gives each request its token once its
 prefill is done (`cpu_harness.stand_in_model_output`); the same cost model c(B) advances the same
 virtual clock, and the same measures come out (`measure` over a run-like record). The `radix*` arms
@@ -26,6 +29,7 @@ from radixflow.core.policies import AdmissionView, Arm, StateReady
 from radixflow.core.scheduler import RoundRecord
 from radixflow.core.vllm_split import internal_checkpoint
 from radixflow.sim.cost_model import CostModel
+from radixflow.sim.runner import run_arm
 from radixflow.spec.vllm_align import state_groups
 from radixflow.workloads.trace import fresh_copies
 
@@ -226,3 +230,20 @@ def run_vllm_arm(setup, arm: Arm, workloads: list[list[Branch]],
         parts.append(measure(arm.name, res))
         runs.append(res)
     return merge(arm.name, parts), runs
+
+
+SCHEDULERS = ("radixflow", "vllm")
+
+
+def arm_runner(scheduler: str) -> Callable:
+    """`sim.runner.run_arm` for radixflow's scheduler, `run_vllm_arm` for vLLM's; a ValueError naming
+    the missing extra when vLLM is not importable (the CLI prints it as one line, exit 2)."""
+    if scheduler == "radixflow":
+        return run_arm
+    if scheduler != "vllm":
+        raise ValueError(f"unknown scheduler {scheduler!r}; choose from {', '.join(SCHEDULERS)}")
+    try:
+        require_vllm()
+    except VllmUnavailable as exc:
+        raise ValueError(str(exc)) from None
+    return run_vllm_arm

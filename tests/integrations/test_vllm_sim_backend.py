@@ -1,4 +1,4 @@
-"""`--scheduler vllm` (sim/vllm_backend.py): vLLM 0.33's own Scheduler under the cost model, and
+"""`--scheduler vllm` (integrations/vllm/sim_backend.py): vLLM 0.33's own Scheduler under the cost model, and
 radixflow's scheduler in `--snapshot-mode vllm-align` matching it step for step on small traces."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from vllm_factories import load_harness
 
-from integrations.vllm_factories import load_harness
 from radixflow.cli import main
 from radixflow.config import SchedulerConfig
 from radixflow.core.policies import get_arm
-from radixflow.sim import vllm_backend
+from radixflow.integrations.vllm import sim_backend as vllm_backend
 from radixflow.sim.cost_model import get_gpu
 from radixflow.sim.runner import SimSetup, run_arm
 from radixflow.spec import get_spec
