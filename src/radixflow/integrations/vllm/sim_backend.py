@@ -100,6 +100,7 @@ class _Record:
     """What `measure` reads from a scheduler, filled by the driver."""
 
     config: SchedulerConfig
+    vllm: object = None  # the vLLM scheduler that ran
     rounds: list[RoundRecord] = field(default_factory=list)
     blocked_total: int = 0
     preemptions: int = 0
@@ -119,7 +120,7 @@ def run_vllm_trace(cfg: SchedulerConfig, arm: Arm, cost: CostModel, branches: li
     sched = build_scheduler(cfg, hybrid, plugin, num_gpu_blocks, max(DEFAULT_MAX_MODEL_LEN, longest + cfg.block_size),
                             num_state_groups)
     bs = cfg.block_size
-    rec = _Record(cfg)
+    rec = _Record(cfg, sched)
     order = sorted(branches, key=lambda b: b.arrival)
     by_id: dict[str, Branch] = {}
     requests: dict[str, object] = {}
@@ -216,7 +217,13 @@ def run_vllm_trace(cfg: SchedulerConfig, arm: Arm, cost: CostModel, branches: li
 
 def run_vllm_arm(setup, arm: Arm, workloads: list[list[Branch]],
                  progress: Callable[[int], None] | None = None) -> tuple[ArmMeasures, list]:
-    """`sim.runner.run_arm` on vLLM's scheduler: one fresh scheduler per workload part."""
+    """`sim.runner.run_arm` on vLLM's scheduler: one fresh scheduler per workload part. `setup.check`
+    asserts after each part that vLLM's block pool holds no leaked block; a `round_hook` (it reads
+    radixflow's scheduler) is refused."""
+    if setup.round_hook is not None:
+        raise ValueError("--scheduler vllm has no radixflow Scheduler to hand a round hook; "
+                         "run the hook's cells on radixflow's scheduler")
+    h = _harness()
     cfg = setup.scheduler_config()
     hybrid = setup.spec.is_hybrid
     # radixflow's unified pool in vLLM's units: a block is one KV page; a snapshot takes one block per
@@ -224,13 +231,16 @@ def run_vllm_arm(setup, arm: Arm, workloads: list[list[Branch]],
     blocks = cfg.cache_memory_bytes // cfg.kv_page_bytes if cfg.cache_memory_bytes else cfg.num_kv_pages
     parts, runs = [], []
     for branches in workloads:
-        res = run_vllm_trace(cfg, arm, CostModel(setup.spec, setup.gpu), fresh_copies(branches), hybrid,
+        res = run_vllm_trace(cfg, arm, setup.cost_model(setup.spec, setup.gpu), fresh_copies(branches), hybrid,
                              num_gpu_blocks=max(2, min(blocks, 1 << 22)), progress=progress,
                              num_state_groups=state_groups(setup.spec))
+        if setup.check:
+            leaked = h.usable_blocks(res.scheduler.vllm) - h.count_free_blocks(res.scheduler.vllm)
+            if leaked:
+                raise AssertionError(f"vLLM's block pool leaked {leaked} block(s) after {arm.name}")
         parts.append(measure(arm.name, res))
         runs.append(res)
     return merge(arm.name, parts), runs
-
 
 SCHEDULERS = ("radixflow", "vllm")
 
