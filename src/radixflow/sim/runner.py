@@ -12,7 +12,7 @@ from radixflow.core.loop import run_trace
 from radixflow.core.metrics import ArmMeasures, measure, merge
 from radixflow.core.policies import Arm
 from radixflow.core.scheduler import Scheduler
-from radixflow.sim.cost_model import GPU, CostModel, cache_budget, pool_sizes
+from radixflow.sim.cost_model import BOOKKEEPING_PAGES, GPU, CostModel, cache_budget, pool_sizes
 from radixflow.sim.executor import SimExecutor
 from radixflow.spec.model_spec import ModelSpec
 from radixflow.spec.vllm_align import apply_vllm_align, vllm_slot_bytes
@@ -43,8 +43,10 @@ class SimSetup:
         page_bytes = self.spec.kv_bytes_per_token * cfg.block_size
         slot_bytes = self.spec.state_bytes_per_snapshot
         if cfg.snapshot_mode == "vllm-align" and self.spec.is_hybrid:
-            slot_bytes = vllm_slot_bytes(self.spec, cfg.block_size)  # vLLM pads state pages to KV pages
-        cfg.num_kv_pages = max(1, budget // page_bytes)
+            # vLLM pads state pages to KV pages (an attention-free model has none to pad to)
+            slot_bytes = vllm_slot_bytes(self.spec, cfg.block_size) or slot_bytes
+        # An attention-free model's pages hold no bytes: they only index the prefix tree.
+        cfg.num_kv_pages = max(1, budget // page_bytes) if page_bytes else BOOKKEEPING_PAGES
         cfg.num_state_slots = budget // slot_bytes if self.spec.is_hybrid else 0
         cfg.cache_memory_bytes, cfg.kv_page_bytes, cfg.state_slot_bytes = budget, page_bytes, slot_bytes
         return cfg

@@ -228,7 +228,8 @@ def run_vllm_arm(setup, arm: Arm, workloads: list[list[Branch]],
     hybrid = setup.spec.is_hybrid
     # radixflow's unified pool in vLLM's units: a block is one KV page; a snapshot takes one block per
     # state group (its slot bytes are sized so, spec.vllm_align.vllm_slot_bytes).
-    blocks = cfg.cache_memory_bytes // cfg.kv_page_bytes if cfg.cache_memory_bytes else cfg.num_kv_pages
+    blocks = cfg.cache_memory_bytes // cfg.kv_page_bytes if cfg.cache_memory_bytes and cfg.kv_page_bytes \
+        else cfg.num_kv_pages
     parts, runs = [], []
     for branches in workloads:
         res = run_vllm_trace(cfg, arm, setup.cost_model(setup.spec, setup.gpu), fresh_copies(branches), hybrid,
