@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 SNAPSHOT_MODES = ("every-boundary", "chunk-end")
+CHECKPOINT_MODES = ("boundary", "branch")
 
 
 def _opt(default, help: str, **kw):
@@ -27,6 +28,12 @@ class SchedulerConfig:
                                                 "boundary a chunk crosses, plus a finished branch's end (SPEC §2); "
                                                 "'chunk-end' snapshots only where a chunk ends on a boundary and "
                                                 "splits a prompt's last chunk there (vLLM 0.33's align mode)")
+    checkpoints: str = _opt("boundary", "hybrid models: 'boundary' snapshots state only at interval/block "
+                                        "boundaries and a finished branch's last page; 'branch' also at the "
+                                        "exact depth where a known branch diverges (a sibling, a waiting branch, "
+                                        "a cached path) and at the exact end of every prompt and finished "
+                                        "branch, inside the same forward (SPEC §14). Full attention: every page "
+                                        "is already a checkpoint, so both modes behave alike")
     num_kv_pages: int = _opt(1 << 20, "KV pool size in pages")
     num_state_slots: int = _opt(1 << 16, "state snapshot pool size in slots (hybrid models)")
     cache_memory_bytes: int = _opt(0, "if > 0: pages and slots share this many bytes (a unified pool, as "
@@ -52,6 +59,8 @@ class SchedulerConfig:
                              f"state interval ({self.state_interval}); chunked prefill could never advance")
         if self.snapshot_mode not in SNAPSHOT_MODES:
             raise ValueError(f"unknown snapshot mode {self.snapshot_mode!r}; choose from {', '.join(SNAPSHOT_MODES)}")
+        if self.checkpoints not in CHECKPOINT_MODES:
+            raise ValueError(f"unknown checkpoint mode {self.checkpoints!r}; choose from {', '.join(CHECKPOINT_MODES)}")
         if self.num_kv_pages < 1:
             raise ValueError("the KV pool needs at least one page")
 

@@ -10,11 +10,13 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from radixflow.cache.pool import ByteBudget, IdPool
-from radixflow.cache.radix import Match, Node, RadixIndex, Snapshot, chain_hashes
+from radixflow.cache.radix import Boundary, Match, Node, RadixIndex, Snapshot, chain_hashes
 from radixflow.config import SchedulerConfig
 from radixflow.core.batch import Batch, ExecResult, Fragment, Outcome
 from radixflow.core.branch import Branch, BranchState
+from radixflow.core.checkpoints import BranchPoints
 from radixflow.core.integrity import check_scheduler, holds_nothing
+from radixflow.core.misses import at_first_selection
 from radixflow.core.policies import AdmissionView, Arm
 
 
@@ -52,6 +54,7 @@ class RoundRecord:
     tokens: int
     deferred: int
     host_time: float = 0.0
+    capture_time: float = 0.0
 
 
 class Scheduler:
@@ -63,6 +66,8 @@ class Scheduler:
         self.block_size = config.block_size
         self.interval = config.state_interval if hybrid else config.block_size
         self.chunk_end = hybrid and config.snapshot_mode == "chunk-end"
+        self.branch_points = BranchPoints(config.block_size) if hybrid and config.checkpoints == "branch" else None
+        self.exact_checkpoints = 0  # branch-point and exact-end snapshots made (SPEC §14)
         budget = ByteBudget(config.cache_memory_bytes) if config.cache_memory_bytes > 0 else None
         self.pages = IdPool(config.num_kv_pages, "KV page", config.kv_page_bytes, budget)
         self.slots = IdPool(config.num_state_slots if hybrid else 0, "state slot", config.state_slot_bytes, budget)
@@ -152,6 +157,7 @@ class Scheduler:
         """After execution: advance counters, sample, publish C_{t+1}, finish branches."""
         if self.rounds and self.rounds[-1].round == batch.round:
             self.rounds[-1].host_time = result.host_time
+            self.rounds[-1].capture_time = result.capture_time
         done = []
         for i, frag in enumerate(batch.fragments):
             b = frag.branch
@@ -221,6 +227,7 @@ class Scheduler:
             if outcome is Outcome.BLOCKED:
                 batch.deferred += 1
                 self.blocked_total += 1
+                b.blocked_rounds += b.first_selected_at is None
                 if self.arm.traversal.continue_after_blocked():
                     continue
                 batch.stop_reason = "blocked"
@@ -250,10 +257,12 @@ class Scheduler:
         m = self._match(b)
         snapshot = None
         if self.hybrid:
-            bd = self.index.boundary(m)
+            bd = self._boundary(b, m)
             if bd.blocking is not None:
                 if self._chunk(bd.blocking.depth, b.num_tokens, tokens) == 0:
                     return Outcome.OTHER, None, "tokens"
+                if b.first_selected_at is None and not b.blocked_rounds:
+                    b.blocked_tokens = bd.blocking.depth - bd.ready
                 return Outcome.BLOCKED, None, "blocked"
             start, snapshot = bd.ready, bd.ready_snapshot
         else:
@@ -285,7 +294,9 @@ class Scheduler:
         if b.first_selected_at is None:
             b.first_selected_at = now
             b.cached_tokens = start
-            b.identity_hit = plan.match.depth
+            b.identity_hit = self._identity(b, plan.match)
+            b.misses = at_first_selection(self.index, b.namespace, b.tokens, tr.hashes, b.prompt_len,
+                                          b.identity_hit, start, (b.blocked_rounds, b.blocked_tokens))
         b.state = BranchState.RUNNING
         self.running.append(b)
         b.num_computed_tokens = start
@@ -297,18 +308,24 @@ class Scheduler:
             tr.page_table = self.index.pages_upto(plan.match, start // self.block_size)
         tr.level = 0
         state_in = None
+        copy_in = None
         if plan.snapshot is not None:
             plan.snapshot.lock += 1
             self.index.touch_snapshot(plan.snapshot, now)
             tr.read_snapshot = plan.snapshot
             state_in = plan.snapshot.slot
             tr.level = plan.snapshot.level
+            if plan.snapshot.tail:  # resume inside a page: its K/V comes from the snapshot's copy
+                page = self.pages.allocate_one()
+                tr.page_table.append(page)
+                tr.private.add(page)
+                copy_in = (plan.snapshot.tail_page, page)
         if self.hybrid:
             tr.working = self.slots.allocate_one()
-        self._place(b, start, plan.num_tokens, batch, now, state_in, first=True)
+        self._place(b, start, plan.num_tokens, batch, now, state_in, first=True, copy_in=copy_in)
 
     def _place(self, b: Branch, start: int, n: int, batch: Batch, now: float, state_in: int | None,
-               first: bool = False) -> None:
+               first: bool = False, copy_in: tuple[int, int] | None = None) -> None:
         tr: _Track = b.sched
         bs = self.block_size
         end = start + n
@@ -323,11 +340,13 @@ class Scheduler:
         tr.level += 1
         self.max_level = max(self.max_level, tr.level)
         frag = Fragment(b, start, n, list(tr.page_table), samples=end == b.num_tokens, first=first)
+        if copy_in is not None:
+            frag.copies_before.append(copy_in)
         if self.hybrid:
             if not first:
                 state_in = tr.working
             frag.state_in = state_in
-            frag.state_out = self._captures(b, start, end, now)
+            frag.state_out = self._captures(b, start, end, now, frag.copies_after)
         batch.fragments.append(frag)
         b.num_fragments += 1
 
@@ -346,7 +365,8 @@ class Scheduler:
             self.index.unlock(tr.node)
             tr.node = node
 
-    def _captures(self, b: Branch, start: int, end: int, now: float) -> list[tuple[int, int]]:
+    def _captures(self, b: Branch, start: int, end: int, now: float,
+                  copies: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """State captures of a hybrid row: every interval boundary in (start, end], the last page
         boundary (a candidate end-of-branch snapshot) and the row's end (the working state)."""
         tr: _Track = b.sched
@@ -359,6 +379,12 @@ class Scheduler:
             first_b = (start // self.interval + 1) * self.interval
             for depth in range(first_b, end + 1, self.interval):
                 self._capture_at(b, depth, start, now, out)
+            if self.branch_points is not None:  # exact depths; the branch's end is snapshotted at finish
+                others = (*self.held, *self.waiting, *self.running)
+                for depth in self.branch_points.depths(b, start, end, others, b.identity_hit or 0):
+                    self._capture_exact(b, depth, start, now, out, copies)
+                out.append((end - start, tr.working))
+                return out
             # End-of-branch snapshot: once past the prompt's last chunk, the state at the last page
             # boundary passed is kept in one extra slot; at finish it becomes the branch's end
             # snapshot (a 1-token branch holds that slot for one round only).
@@ -382,6 +408,62 @@ class Scheduler:
         snap = self.index.attach_snapshot(node, slot, b.uid, now)
         snap.level = tr.level
         out.append((depth - start, slot))
+
+    def _capture_exact(self, b: Branch, depth: int, start: int, now: float, out: list[tuple[int, int]],
+                       copies: list[tuple[int, int]]) -> None:
+        """A branch-point checkpoint at `depth`: a snapshot on a page boundary, else a tail snapshot
+        with a copy of the partial page's K/V (taken after the forward that writes it)."""
+        bs = self.block_size
+        if depth % bs == 0:
+            self._capture_at(b, depth, start, now, out)
+            return
+        node = self._anchor(b, depth)
+        if node is None:
+            return
+        tail = tuple(b.tokens[node.depth : depth])
+        if self.index.find_tail(node, tail) is not None or not self._ensure(1, 1):
+            return
+        slot, page = self.slots.allocate_one(), self.pages.allocate_one()
+        snap = self.index.attach_tail(node, tail, slot, page, b.uid, now)
+        snap.level = b.sched.level
+        out.append((depth - start, slot))
+        copies.append((b.sched.page_table[depth // bs], page))
+        self.exact_checkpoints += 1
+
+    def _anchor(self, b: Branch, depth: int) -> Node | None:
+        """The tree node ending at the last whole page at or above `depth` (a root below one page)."""
+        full = depth // self.block_size
+        if full == 0:
+            return self.index.root(b.namespace)
+        m = self.index.match(b.sched.hashes, full)
+        return self.index.node_at(m) if m.depth == full * self.block_size else None
+
+    def _attach_exact_end(self, b: Branch) -> bool:
+        """At finish (branch mode): the working state becomes a snapshot at the exact computed length;
+        a partial last page is handed over to it (no copy: the branch is done writing it)."""
+        tr: _Track = b.sched
+        depth = b.num_computed_tokens
+        if depth == 0 or tr.no_cache or not self.config.enable_prefix_caching:
+            return False
+        if len(tr.hashes) < depth // self.block_size:
+            tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
+        node = self._anchor(b, depth)
+        if node is None:
+            return False
+        if depth % self.block_size == 0:
+            snap = self.index.attach_snapshot(node, tr.working, None, 0.0) if not node.is_root else None
+        else:
+            page = tr.page_table[depth // self.block_size]
+            if page not in tr.private:
+                return False
+            snap = self.index.attach_tail(node, tuple(b.tokens[node.depth : depth]), tr.working, page, None, 0.0)
+            if snap is not None:
+                tr.private.discard(page)
+        if snap is None:
+            return False
+        snap.level = tr.level
+        self.exact_checkpoints += 1
+        return True
 
     # ================================================================== finishing
     def _finish_reason(self, b: Branch, sample) -> str | None:
@@ -408,6 +490,9 @@ class Scheduler:
             else:
                 self.slots.free([tr.rolling])
                 tr.rolling = None
+        if tr.working is not None and keep_end_snapshot and self.branch_points is not None:
+            if self._attach_exact_end(b):
+                tr.working = None
         if tr.working is not None:
             self.slots.free([tr.working])
             tr.working = None
@@ -465,8 +550,28 @@ class Scheduler:
     def _demand(self, b: Branch) -> int:
         """Remaining prefill tokens of `b` if it started now from the published cache."""
         m = self._match(b)
-        start = self.index.ready_boundary(m)[0] if self.hybrid else m.depth
+        if self.branch_points is not None:
+            start = self._boundary(b, m).ready
+        else:
+            start = self.index.ready_boundary(m)[0] if self.hybrid else m.depth
         return b.num_tokens - start
+
+    def _caching(self, b: Branch) -> bool:
+        return self.config.enable_prefix_caching and not b.sched.no_cache
+
+    def _boundary(self, b: Branch, m: Match) -> Boundary:
+        """Where a hybrid branch can resume: grid snapshots, plus exact-depth tails in branch mode."""
+        if self.branch_points is None:
+            return self.index.boundary(m)
+        if not self._caching(b):
+            return Boundary(0, None, None)
+        return self.index.exact_boundary(b.namespace, m, b.tokens, b.num_tokens - 1)
+
+    def _identity(self, b: Branch, m: Match) -> int:
+        """ĥ: whole pages (boundary mode, as today) or exact tokens (branch mode)."""
+        if self.branch_points is None or not self._caching(b):
+            return m.depth
+        return self.index.exact_identity(b.namespace, m, b.tokens, b.num_tokens - 1)
 
     def _chunk(self, start: int, total: int, tokens: int) -> int:
         """Tokens for one row: all that is left if it fits, else a chunk cut to a state boundary.

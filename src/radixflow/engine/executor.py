@@ -42,7 +42,13 @@ class EngineExecutor:
                                  [f.num_tokens - 1] if f.samples else []))
             if f.samples:
                 sampling.append(i)
+        for f in batch.fragments:  # a resume inside a page starts from a copy of that page's K/V
+            for src, dst in f.copies_before:
+                self.cache.copy_page(src, dst)
         logits = self.model(rows, self.cache)
+        for f in batch.fragments:  # an exact-depth checkpoint keeps its own copy of the partial page
+            for src, dst in f.copies_after:
+                self.cache.copy_page(src, dst)
         samples: dict[int, Sample] = {}
         if sampling:
             states = [self._state(batch.fragments[i].branch) for i in sampling]

@@ -52,7 +52,8 @@ def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
     parts = []
     runs = []
     for branches in workloads:
-        sched = Scheduler(setup.scheduler_config(), arm, setup.spec.is_hybrid)
+        cfg = setup.scheduler_config()
+        sched = Scheduler(cfg, arm, setup.spec.is_hybrid)
 
         def hook(s, batch):
             if setup.check:
@@ -60,7 +61,7 @@ def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
             if setup.round_hook is not None:
                 setup.round_hook(s, batch)
 
-        res = run_trace(sched, SimExecutor(CostModel(setup.spec, setup.gpu), setup.spec.vocab_size),
+        res = run_trace(sched, SimExecutor(CostModel(setup.spec, setup.gpu, block_size=cfg.block_size), setup.spec.vocab_size),
                         fresh_copies(branches), on_round=hook, progress=progress)
         parts.append(measure(arm.name, res))
         runs.append(res)
