@@ -70,7 +70,8 @@ def run(args) -> int:
 
         write_json(args.json_path, {
             "model": spec.name, "hybrid": spec.is_hybrid, "block_size": args.block_size,
-            "state_interval": args.state_interval, "checkpoints": args.checkpoints, "system": args.system, "user": args.user,
+            "state_interval": args.state_interval, "checkpoints": args.checkpoints,
+            "system": args.system, "user": args.user,
             "assistant": args.assistant, "turns": [row(r) for r in main],
             "variants": [row(r) for r in variants],
             "total_recomputed": total, "total_without_cache": without})

@@ -61,7 +61,8 @@ def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
             if setup.round_hook is not None:
                 setup.round_hook(s, batch)
 
-        res = run_trace(sched, SimExecutor(CostModel(setup.spec, setup.gpu, block_size=cfg.block_size), setup.spec.vocab_size),
+        executor = SimExecutor(CostModel(setup.spec, setup.gpu, block_size=cfg.block_size), setup.spec.vocab_size)
+        res = run_trace(sched, executor,
                         fresh_copies(branches), on_round=hook, progress=progress)
         parts.append(measure(arm.name, res))
         runs.append(res)
