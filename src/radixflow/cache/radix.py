@@ -350,18 +350,24 @@ class RadixIndex:
 
     def evict_pages(self, need: int) -> int:
         """Frees at least `need` pages from unlocked tails, as the eviction policy chooses."""
-        freed = self.eviction.evict_pages(self, need)
-        self.evicted_pages += freed
-        if freed < need and self._tails and not getattr(self.eviction, "handles_tails", False):
+        mixed = self._tails and not getattr(self.eviction, "handles_tails", False)
+        freed = self._evict_stale_tails(need, self._oldest_leaf()) if mixed else 0
+        got = self.eviction.evict_pages(self, need - freed) if freed < need else 0
+        self.evicted_pages += got
+        freed += got
+        if freed < need and mixed:
             freed += self.evict_tails(need - freed, pages=True)
         return freed
 
     def evict_snapshots(self, need: int) -> int:
         """Drops at least `need` unlocked published snapshots, as the eviction policy chooses."""
-        freed = self.eviction.evict_snapshots(self, need)
-        self.evicted_snapshots += freed
-        if freed < need and self._tails and not getattr(self.eviction, "handles_tails", False):
-            freed += self.evict_tails(need - freed)  # exact-depth checkpoints go last
+        mixed = self._tails and not getattr(self.eviction, "handles_tails", False)
+        freed = self._evict_stale_tails(need, self._oldest_snapshot()) if mixed else 0
+        got = self.eviction.evict_snapshots(self, need - freed) if freed < need else 0
+        self.evicted_snapshots += got
+        freed += got
+        if freed < need and mixed:
+            freed += self.evict_tails(need - freed)
         return freed
 
     def reset(self) -> None:
@@ -461,6 +467,29 @@ class RadixIndex:
                  if s.depth <= limit and s.tail[0] == nxt and tuple(tokens[d : s.depth]) == s.tail]
         found.sort(key=lambda s: -s.depth)
         return found
+
+    def _evict_stale_tails(self, need: int, before: float) -> int:
+        """Tails are not in the policy's view (lru, rr-tail): drop those older than what the policy
+        would take first, so one recency order spans both kinds."""
+        victims = []
+        for snap in self._tails:  # least recently used first
+            if snap.last_access > before or len(victims) >= need:
+                break
+            if snap.published and snap.lock == 0:
+                victims.append(snap)
+        for snap in victims:
+            self.drop_tail(snap)
+        self.evicted_snapshots += len(victims)
+        return len(victims)
+
+    def _oldest_leaf(self) -> float:
+        return min((n.last_access for n in self._leaves if self._evictable(n)), default=float("inf"))
+
+    def _oldest_snapshot(self) -> float:
+        for n in self._snap_nodes:
+            if n.snapshot.published and n.snapshot.lock == 0:
+                return n.snapshot.last_access
+        return float("inf")
 
     def _published_below(self, node: Node | None, depth: int) -> int:
         while node is not None and not node.is_root:

@@ -25,8 +25,15 @@ MAX_PER_ROW = 8  # a row is one forward; a handful of captures is cheap, hundred
 
 
 class BranchPoints:
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, min_wait: int = 64) -> None:
         self.block_size = block_size
+        self.min_wait = min_wait
+
+    def worth_waiting(self, gain: int) -> bool:
+        """A branch whose deepest checkpoint is being written this round waits for it (Blocked) only
+        when it saves at least `min_wait` tokens over the published one below; a shorter gap is
+        recomputed in this round, which costs less than the extra round a deferral can add."""
+        return gain >= self.min_wait
 
     def depths(self, b: Branch, start: int, end: int, others: Iterable[Branch], cached: int) -> list[int]:
         """Depths in (start, end] to capture at for `b`'s row, deepest last; `cached` is b's exact ĥ."""

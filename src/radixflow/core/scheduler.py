@@ -258,6 +258,9 @@ class Scheduler:
         snapshot = None
         if self.hybrid:
             bd = self._boundary(b, m)
+            if bd.blocking is not None and self.branch_points is not None:
+                if not self.branch_points.worth_waiting(bd.blocking.depth - bd.ready):
+                    bd = Boundary(bd.ready, bd.ready_snapshot, None)  # cheaper to recompute the gap now
             if bd.blocking is not None:
                 if self._chunk(bd.blocking.depth, b.num_tokens, tokens) == 0:
                     return Outcome.OTHER, None, "tokens"
