@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from radixflow.cache.eviction import ReuseCosts
 from radixflow.cache.pool import ByteBudget, IdPool
 from radixflow.cache.radix import Boundary, Match, Node, RadixIndex, Snapshot, chain_hashes
 from radixflow.config import SchedulerConfig
@@ -58,7 +59,7 @@ class RoundRecord:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, arm: Arm, hybrid: bool) -> None:
+    def __init__(self, config: SchedulerConfig, arm: Arm, hybrid: bool, costs: ReuseCosts | None = None) -> None:
         config.validate()
         self.config = config
         self.arm = arm
@@ -66,12 +67,15 @@ class Scheduler:
         self.block_size = config.block_size
         self.interval = config.state_interval if hybrid else config.block_size
         self.chunk_end = hybrid and config.snapshot_mode == "chunk-end"
-        self.branch_points = BranchPoints(config.block_size) if hybrid and config.checkpoints == "branch" else None
+        self.branch_points = BranchPoints(config.block_size, min(64, config.state_interval // 2)) if hybrid and config.checkpoints == "branch" else None
         self.exact_checkpoints = 0  # branch-point and exact-end snapshots made (SPEC §14)
         budget = ByteBudget(config.cache_memory_bytes) if config.cache_memory_bytes > 0 else None
         self.pages = IdPool(config.num_kv_pages, "KV page", config.kv_page_bytes, budget)
         self.slots = IdPool(config.num_state_slots if hybrid else 0, "state slot", config.state_slot_bytes, budget)
         self.index = RadixIndex(config.block_size, self.pages, self.slots, config.eviction)
+        if hasattr(self.index.eviction, "costs"):  # flop-aware: the model's costs, or units from the config
+            self.index.eviction.costs = costs or ReuseCosts(page_bytes=config.kv_page_bytes or 1,
+                                                            slot_bytes=config.state_slot_bytes or 1)
         self.held: list[Branch] = []
         self.waiting: list[Branch] = []
         self.running: list[Branch] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from radixflow.cache.eviction import ReuseCosts
 from radixflow.config import SchedulerConfig
 from radixflow.core.branch import Branch
 from radixflow.core.loop import run_trace
@@ -53,7 +54,7 @@ def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
     runs = []
     for branches in workloads:
         cfg = setup.scheduler_config()
-        sched = Scheduler(cfg, arm, setup.spec.is_hybrid)
+        sched = Scheduler(cfg, arm, setup.spec.is_hybrid, reuse_costs(setup.spec, cfg.block_size))
 
         def hook(s, batch):
             if setup.check:
@@ -67,3 +68,12 @@ def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
         parts.append(measure(arm.name, res))
         runs.append(res)
     return merge(arm.name, parts), runs
+
+
+def reuse_costs(spec: ModelSpec, block_size: int) -> ReuseCosts:
+    """The model's prefill FLOPs and cache bytes, for `flop-aware` eviction."""
+    return ReuseCosts(flops_per_token=spec.flops_per_token,
+                      flops_per_pair=spec.attention_flops(1, 1) - spec.attention_flops(1, 0),
+                      recurrent_flops_per_token=spec.recurrent_flops(1),
+                      page_bytes=spec.kv_bytes_per_token * block_size,
+                      slot_bytes=spec.state_bytes_per_snapshot if spec.is_hybrid else 0)
