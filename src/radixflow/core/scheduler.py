@@ -67,7 +67,8 @@ class Scheduler:
         self.block_size = config.block_size
         self.interval = config.state_interval if hybrid else config.block_size
         self.chunk_end = hybrid and config.snapshot_mode == "chunk-end"
-        self.branch_points = BranchPoints(config.block_size, min(64, config.state_interval // 2)) if hybrid and config.checkpoints == "branch" else None
+        self.branch_points = (BranchPoints(config.block_size, min(64, config.state_interval // 2))
+                              if hybrid and config.checkpoints == "branch" else None)
         self.exact_checkpoints = 0  # branch-point and exact-end snapshots made (SPEC §14)
         budget = ByteBudget(config.cache_memory_bytes) if config.cache_memory_bytes > 0 else None
         self.pages = IdPool(config.num_kv_pages, "KV page", config.kv_page_bytes, budget)
