@@ -69,9 +69,9 @@ class LiveServer:
 def start_server(model: str = "tiny-qwen3.5", *, block_size: int = 16, state_interval: int = 64,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 1024, max_model_len: int = 2048,
                  kv_cache_memory: int = 64 << 20, max_queue: int = 1024, policy: str = "radixflow",
-                 wait: bool = True) -> LiveServer:
+                 wait: bool = True, checkpoints: str = "boundary") -> LiveServer:
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                            block_size=block_size, state_interval=state_interval)
+                            block_size=block_size, state_interval=state_interval, checkpoints=checkpoints)
     engine = EngineConfig(model=model, policy=policy, scheduler=sched, kv_cache_memory=kv_cache_memory,
                           max_model_len=max_model_len)
     port = free_port()

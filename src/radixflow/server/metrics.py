@@ -53,6 +53,13 @@ class ServerMetrics:
         self.state_slots = Gauge(p + "state_slots", "state snapshot slots: in use and total", ["kind"],
                                  registry=r)
         self.aborted = Counter(p + "aborted_requests", "requests aborted (client gone or error)", registry=r)
+        # SPEC §14: the prompt tokens of finished branches split by cause (they add up to prompt_tokens).
+        self.prompt_by_cause = Counter(p + "prompt_tokens_by_cause", "prompt tokens by cause: ready_hit | "
+                                       "checkpoint_missing | evicted | no_shared_prefix", ["cause"], registry=r)
+        self.identity_hit_tokens = Counter(p + "identity_hit_tokens", "ĥ: prompt tokens the index matched",
+                                           registry=r)
+        self.blocked_wait = Counter(p + "blocked_wait_rounds", "rounds branches waited on a same-round "
+                                    "producer before they started", registry=r)
         self._prompt = 0
         self._cached = 0
 
@@ -76,6 +83,15 @@ class ServerMetrics:
             self.ttft.observe(ttft)
         if first_selection is not None:
             self.first_selection.observe(first_selection)
+
+    def observe_misses(self, misses) -> None:
+        """A finished branch's `core.misses.Misses` (None when it never started)."""
+        if misses is None:
+            return
+        for cause in ("ready_hit", "checkpoint_missing", "evicted", "no_shared_prefix"):
+            self.prompt_by_cause.labels(cause).inc(getattr(misses, cause))
+        self.identity_hit_tokens.inc(misses.identity_hit)
+        self.blocked_wait.inc(misses.blocked_rounds)
 
     def set_pools(self, pages_used: int, pages_total: int, slots_used: int, slots_total: int) -> None:
         self.kv_pages.labels("used").set(pages_used)
