@@ -71,9 +71,10 @@ def main() -> None:
     p.add_argument("--model", default="qwen3.5-4b")
     p.add_argument("--gpu", default="a800")
     p.add_argument("--policies", default="lru,rr-tail,flop-aware")
-    p.add_argument("--users", type=int, default=48)
-    p.add_argument("--state-slots", type=int, default=40, help="multi-turn: the tight state pool")
-    p.add_argument("--chat-capacity", type=int, default=200_000, help="multi-turn: KV tokens")
+    p.add_argument("--users", type=int, default=32)
+    p.add_argument("--state-slots", type=int, default=32,
+                   help="multi-turn: the tight state pool (working states of running rows included)")
+    p.add_argument("--chat-capacity", type=int, default=1_000_000, help="multi-turn: KV tokens")
     p.add_argument("--agents", type=int, default=24)
     p.add_argument("--agent-capacity", type=int, default=40_000, help="agentic: KV tokens")
     p.add_argument("--agent-slots", type=int, default=64)
@@ -81,7 +82,8 @@ def main() -> None:
     p.add_argument("--paper-utilization", type=float, default=0.16,
                    help="paper workload: GPU memory share (weights + a few GB of cache)")
     p.add_argument("--traces", default="multi-turn,agentic,paper")
-    p.add_argument("--think-time", type=float, default=2.0, help="multi-turn: mean seconds between turns")
+    p.add_argument("--chat-seqs", type=int, default=8, help="multi-turn: S (rows per round)")
+    p.add_argument("--think-time", type=float, default=10.0, help="multi-turn: mean seconds between turns")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     spec, gpu = get_spec(a.model), get_gpu(a.gpu)
@@ -95,7 +97,7 @@ def main() -> None:
         rows = []
         for name in policies:
             if trace == "multi-turn":
-                cfg = SchedulerConfig(max_num_seqs=16, block_size=16, state_interval=512, eviction=name,
+                cfg = SchedulerConfig(max_num_seqs=a.chat_seqs, block_size=16, state_interval=512, eviction=name,
                                       checkpoints="branch", num_kv_pages=a.chat_capacity // 16,
                                       num_state_slots=a.state_slots)
                 rows.append(sessions_row(name, spec, chat, cfg, gpu))
