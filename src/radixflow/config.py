@@ -41,7 +41,8 @@ class SchedulerConfig:
     kv_page_bytes: int = _opt(0, "bytes of one KV page (with cache_memory_bytes)")
     state_slot_bytes: int = _opt(0, "bytes of one state slot (with cache_memory_bytes)")
     eviction: str = _opt("lru", "prefix-cache eviction policy: lru (node-level, a hit refreshes the whole "
-                                "path) | rr-tail[:N] (round-robin tail chunks of N pages over idle paths)")
+                                "path) | rr-tail[:N] (round-robin tail chunks of N pages over idle paths) | "
+                                "flop-aware[:W] (prefill FLOPs saved per byte, blended with recency weight W)")
 
     def validate(self) -> None:
         if self.block_size < 1:
