@@ -10,16 +10,22 @@ the same forward, at every depth in that range where another known branch diverg
 - the exact end of the prompt (when more than one token is generated: the end of the finished
   branch, which the scheduler snapshots at finish, covers a one-token answer).
 
-The scheduler turns each depth into a snapshot (on a page boundary) or a tail snapshot (inside a
-page, with a copy of that page's K/V). This module only says where; it holds no memory.
+The scheduler turns each depth into a snapshot (on a page boundary) or, through `capture_exact`,
+a tail snapshot (inside a page, with a copy of that page's K/V); at finish `attach_exact_end` makes
+the branch's working state a snapshot at its exact length. These two are the scheduler's friends:
+they allocate from its pools, as its own `_capture_at` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from radixflow.cache.radix import chain_hashes
+from radixflow.cache.radix import Node, chain_hashes
 from radixflow.core.branch import Branch
+
+if TYPE_CHECKING:
+    from radixflow.core.scheduler import Scheduler
 
 MAX_PER_ROW = 8  # a row is one forward; a handful of captures is cheap, hundreds would not be
 
@@ -66,6 +72,62 @@ class BranchPoints:
         while i < n and ta[i] == tb[i]:
             i += 1
         return i
+
+
+def capture_exact(s: Scheduler, b: Branch, depth: int, start: int, now: float, out: list[tuple[int, int]],
+                  copies: list[tuple[int, int]]) -> None:
+    """A tail snapshot at `depth` (inside a page) written by `b`'s row: a state capture at that point
+    and a copy of the partial page's K/V after the forward that writes it."""
+    node = anchor(s, b, depth)
+    if node is None:
+        return
+    tail = tuple(b.tokens[node.depth : depth])
+    if s.index.find_tail(node, tail) is not None or not s._ensure(1, 1):
+        return
+    slot, page = s.slots.allocate_one(), s.pages.allocate_one()
+    snap = s.index.attach_tail(node, tail, slot, page, b.uid, now)
+    snap.level = b.sched.level
+    out.append((depth - start, slot))
+    copies.append((b.sched.page_table[depth // s.block_size], page))
+    s.exact_checkpoints += 1
+
+
+def attach_exact_end(s: Scheduler, b: Branch) -> bool:
+    """At finish: the working state becomes a snapshot at the exact computed length; a partial last
+    page is handed over to it (no copy: the branch is done writing it). False: the caller frees it."""
+    tr = b.sched
+    depth = b.num_computed_tokens
+    if depth == 0 or tr.no_cache or not s.config.enable_prefix_caching:
+        return False
+    bs = s.block_size
+    if len(tr.hashes) < depth // bs:
+        tr.hashes = chain_hashes(b.namespace, b.tokens, bs, tr.hashes)
+    node = anchor(s, b, depth)
+    if node is None:
+        return False
+    if depth % bs == 0:
+        snap = s.index.attach_snapshot(node, tr.working, None, 0.0) if not node.is_root else None
+    else:
+        page = tr.page_table[depth // bs]
+        if page not in tr.private:
+            return False
+        snap = s.index.attach_tail(node, tuple(b.tokens[node.depth : depth]), tr.working, page, None, 0.0)
+        if snap is not None:
+            tr.private.discard(page)
+    if snap is None:
+        return False
+    snap.level = tr.level
+    s.exact_checkpoints += 1
+    return True
+
+
+def anchor(s: Scheduler, b: Branch, depth: int) -> Node | None:
+    """The tree node ending at the last whole page at or above `depth` (a root below one page)."""
+    full = depth // s.block_size
+    if full == 0:
+        return s.index.root(b.namespace)
+    m = s.index.match(b.sched.hashes, full)
+    return s.index.node_at(m) if m.depth == full * s.block_size else None
 
 
 def _hashes(b: Branch, block_size: int) -> list[int]:

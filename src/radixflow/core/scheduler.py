@@ -15,7 +15,7 @@ from radixflow.cache.radix import Boundary, Match, Node, RadixIndex, Snapshot, c
 from radixflow.config import SchedulerConfig
 from radixflow.core.batch import Batch, ExecResult, Fragment, Outcome
 from radixflow.core.branch import Branch, BranchState
-from radixflow.core.checkpoints import BranchPoints
+from radixflow.core.checkpoints import BranchPoints, attach_exact_end, capture_exact
 from radixflow.core.integrity import check_scheduler, holds_nothing
 from radixflow.core.misses import at_first_selection
 from radixflow.core.policies import AdmissionView, Arm
@@ -390,7 +390,10 @@ class Scheduler:
             if self.branch_points is not None:  # exact depths; the branch's end is snapshotted at finish
                 others = (*self.held, *self.waiting, *self.running)
                 for depth in self.branch_points.depths(b, start, end, others, b.identity_hit or 0):
-                    self._capture_exact(b, depth, start, now, out, copies)
+                    if depth % self.block_size == 0:
+                        self._capture_at(b, depth, start, now, out)
+                    else:
+                        capture_exact(self, b, depth, start, now, out, copies)
                 out.append((end - start, tr.working))
                 return out
             # End-of-branch snapshot: once past the prompt's last chunk, the state at the last page
@@ -416,62 +419,6 @@ class Scheduler:
         snap = self.index.attach_snapshot(node, slot, b.uid, now)
         snap.level = tr.level
         out.append((depth - start, slot))
-
-    def _capture_exact(self, b: Branch, depth: int, start: int, now: float, out: list[tuple[int, int]],
-                       copies: list[tuple[int, int]]) -> None:
-        """A branch-point checkpoint at `depth`: a snapshot on a page boundary, else a tail snapshot
-        with a copy of the partial page's K/V (taken after the forward that writes it)."""
-        bs = self.block_size
-        if depth % bs == 0:
-            self._capture_at(b, depth, start, now, out)
-            return
-        node = self._anchor(b, depth)
-        if node is None:
-            return
-        tail = tuple(b.tokens[node.depth : depth])
-        if self.index.find_tail(node, tail) is not None or not self._ensure(1, 1):
-            return
-        slot, page = self.slots.allocate_one(), self.pages.allocate_one()
-        snap = self.index.attach_tail(node, tail, slot, page, b.uid, now)
-        snap.level = b.sched.level
-        out.append((depth - start, slot))
-        copies.append((b.sched.page_table[depth // bs], page))
-        self.exact_checkpoints += 1
-
-    def _anchor(self, b: Branch, depth: int) -> Node | None:
-        """The tree node ending at the last whole page at or above `depth` (a root below one page)."""
-        full = depth // self.block_size
-        if full == 0:
-            return self.index.root(b.namespace)
-        m = self.index.match(b.sched.hashes, full)
-        return self.index.node_at(m) if m.depth == full * self.block_size else None
-
-    def _attach_exact_end(self, b: Branch) -> bool:
-        """At finish (branch mode): the working state becomes a snapshot at the exact computed length;
-        a partial last page is handed over to it (no copy: the branch is done writing it)."""
-        tr: _Track = b.sched
-        depth = b.num_computed_tokens
-        if depth == 0 or tr.no_cache or not self.config.enable_prefix_caching:
-            return False
-        if len(tr.hashes) < depth // self.block_size:
-            tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
-        node = self._anchor(b, depth)
-        if node is None:
-            return False
-        if depth % self.block_size == 0:
-            snap = self.index.attach_snapshot(node, tr.working, None, 0.0) if not node.is_root else None
-        else:
-            page = tr.page_table[depth // self.block_size]
-            if page not in tr.private:
-                return False
-            snap = self.index.attach_tail(node, tuple(b.tokens[node.depth : depth]), tr.working, page, None, 0.0)
-            if snap is not None:
-                tr.private.discard(page)
-        if snap is None:
-            return False
-        snap.level = tr.level
-        self.exact_checkpoints += 1
-        return True
 
     # ================================================================== finishing
     def _finish_reason(self, b: Branch, sample) -> str | None:
@@ -499,7 +446,7 @@ class Scheduler:
                 self.slots.free([tr.rolling])
                 tr.rolling = None
         if tr.working is not None and keep_end_snapshot and self.branch_points is not None:
-            if self._attach_exact_end(b):
+            if attach_exact_end(self, b):
                 tr.working = None
         if tr.working is not None:
             self.slots.free([tr.working])
