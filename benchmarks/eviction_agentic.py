@@ -12,7 +12,8 @@ import argparse
 import json
 import time
 
-from radixflow.workloads.agentic import AgenticSpec, agentic_sessions, simulate_policies
+from radixflow.sim.sessions import simulate_policies
+from radixflow.workloads.agentic import AgenticSpec, agentic_sessions
 
 
 def main() -> None:

@@ -26,8 +26,9 @@ from radixflow.core.scheduler import Scheduler
 from radixflow.sim.cost_model import CostModel, get_gpu
 from radixflow.sim.executor import SimExecutor
 from radixflow.sim.runner import SimSetup, reuse_costs, run_arm
+from radixflow.sim.sessions import run_sessions
 from radixflow.spec import get_spec
-from radixflow.workloads.agentic import AgenticSpec, agentic_sessions, run_sessions
+from radixflow.workloads.agentic import AgenticSpec, agentic_sessions
 from radixflow.workloads.multiturn import ChatSpec, chat_sessions
 from radixflow.workloads.qa import paper_questions, stream_records
 from radixflow.workloads.trace import branch_from_record

@@ -65,3 +65,15 @@ def family(request, tmp_path_factory):
     """(name, directory, transformers model) for each model family."""
     d = tmp_path_factory.mktemp(request.param)
     return request.param, d, make_hf_model(CONFIGS[request.param], d)
+
+
+@pytest.fixture(scope="session")
+def hf_model_factory():
+    """`make_hf_model` for tests that build their own config variants."""
+    return make_hf_model
+
+
+@pytest.fixture(scope="session")
+def hf_configs():
+    """The small per-family configs (copies: tests may change them)."""
+    return {k: dict(v) for k, v in CONFIGS.items()}

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from radixflow.engine.loader import load_model
+from radixflow.engine.loader import ModelLoadError, check_model, load_model
 from radixflow.engine.models import RowInput
 from radixflow.engine.tiny import ensure_tiny_model
 
@@ -131,3 +131,96 @@ def test_bf16_hybrid_resume(tmp_path):
         outs.append(m([RowInput(ids[100:], 100, list(range(13)), 1, [], [99])], cache))
     assert outs[1].dtype == torch.float32
     assert (outs[0] - outs[1]).abs().max() < 0.5
+
+
+# ------------------------------------------------------------------ strict loading
+def test_leftover_tensor_fails_naming_it(tiny, tmp_path):
+    d = copy(tiny, tmp_path / "extra")
+    state = load_file(str(d / "model.safetensors"))
+    state["model.layers.0.mlp.gate_proj.bias"] = torch.zeros(384)   # a bias the config does not declare
+    save_file(state, str(d / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"1 checkpoint tensors match nothing.*model\.layers\.0\.mlp\.gate_proj"
+                                             r"\.bias"):
+        load_model(d)
+
+
+def test_tied_head_must_equal_the_embedding(tiny, tmp_path):
+    d = copy(tiny, tmp_path / "tied")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    with pytest.raises(ModelLoadError, match="lm_head.weight differs from model.embed_tokens.weight"):
+        load_model(d)
+    state = load_file(str(d / "model.safetensors"))
+    state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+    save_file(state, str(d / "model.safetensors"))
+    m = load_model(d).model
+    assert torch.equal(m.lm_head.weight, m.model.embed_tokens.weight)
+
+
+def test_index_naming_absent_tensor(tiny, tmp_path):
+    d = copy(tiny, tmp_path / "index")
+    state = load_file(str(d / "model.safetensors"))
+    index = {"weight_map": {**{k: "model.safetensors" for k in state}, "model.extra.weight": "model.safetensors"}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelLoadError, match=r"model.safetensors.index.json: 1 tensors it lists are in no shard"):
+        load_model(d)
+
+
+BROKEN = [
+    ("truncated safetensors", "model.safetensors", None, "model.safetensors: not a readable safetensors file"),
+    ("config.json is a list", "config.json", b"[1, 2]", "config.json: expected a JSON object, got a JSON list"),
+    ("invalid JSON", "config.json", b'{"model_type": "qwen3_5_text",', r"config.json: invalid JSON \(.* line 1"),
+    ("not UTF-8", "config.json", b"\xff\xfe{}", "config.json: not UTF-8"),
+    ("wrong value type", "config.json", None, "config.json: a field has the wrong type"),
+    ("invalid tokenizer_config", "tokenizer_config.json", b"{", "tokenizer_config.json: invalid JSON"),
+    ("malformed tokenizer", "tokenizer.json", b'{"model": 3}', "tokenizer.json: not a usable tokenizer"),
+]
+
+
+def _break(d, name, data):
+    f = d / name
+    if data is not None:
+        f.write_bytes(data)
+    elif name == "model.safetensors":
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    else:
+        cfg = json.loads(f.read_text())
+        f.write_text(json.dumps({**cfg, "hidden_size": "128"}))
+    return f
+
+
+@pytest.mark.parametrize("what,name,data,message", BROKEN, ids=[b[0] for b in BROKEN])
+@pytest.mark.parametrize("load", [load_model, check_model], ids=["load_model", "check_model"])
+def test_broken_file_one_line_naming_it(load, what, name, data, message, tiny, tmp_path):
+    d = copy(tiny, tmp_path / "broken")
+    f = _break(d, name, data)
+    with pytest.raises(ModelLoadError, match=message) as e:
+        load(d)
+    assert str(e.value).startswith(str(f)) and "\n" not in str(e.value)
+
+
+def test_check_model_reads_headers_only(tiny, tmp_path, monkeypatch):
+    import radixflow.engine.loader as loader
+
+    def no_data(*a, **k):
+        raise AssertionError("check_model read tensor data")
+
+    monkeypatch.setattr(loader, "load_file", no_data)
+    assert check_model(tiny) == tiny
+    d = copy(tiny, tmp_path / "extra")
+    state = load_file(str(d / "model.safetensors"))
+    save_file({**state, "model.extra.weight": torch.zeros(2)}, str(d / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="model.extra.weight"):
+        check_model(d)
+
+
+@pytest.mark.parametrize("what,name,data,message", BROKEN[:3], ids=[b[0] for b in BROKEN[:3]])
+def test_broken_file_cli_exit_2(what, name, data, message, tiny, tmp_path, capsys):
+    from radixflow.cli import main
+
+    d = copy(tiny, tmp_path / "broken")
+    f = _break(d, name, data)
+    for command in (["bench", "--questions", "1"], ["serve", "--port", "0"]):  # serve: before the port opens
+        assert main([*command, "--model", str(d)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"radixflow {command[0]}: error: {f}" in err and "Traceback" not in err

@@ -56,7 +56,10 @@ def test_table1_puts_the_paper_numbers_beside_ours_with_the_ratio():
 def test_table2_uses_the_seed_first_selection_waits():
     merged = {("qwen3.5-4b", "radixflow"): _arm("radixflow", 10, rows=7.31, wait=9.273)}
     (row,) = table2(merged).rows
-    assert row[2:5] == ["7.31", "7.31", "1.00"] and row[6:9] == ["9.273", "9.273", "1.00"]
+    h = table2(merged).headers
+    assert row[2:5] == ["7.31", "7.31", "1.00"]
+    w = h.index("first-selection wait s")
+    assert row[w : w + 3] == ["9.273", "9.273", "1.00"]
     assert paper.arm("nemotron-nano-9b-v2", "radix").first_selection_wait_mean == 1.898
 
 
@@ -84,3 +87,18 @@ def test_divergences_flag_only_ratios_off_by_more_than_ten_percent():
     found = {(d.arm, d.measure) for d in divergences(merged)}
     # rounds are scaled by our request count; the latency effect (paper 0 %) is not a ratio
     assert found == {("radix", "latency_mean"), ("radixflow", "rounds reduction vs radix %")}
+
+
+def test_rows_per_branch_beside_the_papers_derived_value():
+    # the paper's: rows/round x rounds / (9,306 requests x 4 branches)
+    assert paper.arm("qwen3.5-0.8b", "radix").rows_per_branch == pytest.approx(3.63 * 19803 / 37224)
+    assert paper.arm("nemotron-nano-9b-v2", "radix").rows_per_branch == pytest.approx(1.121, abs=1e-3)
+    assert paper.arm("qwen3-8b", "radix").rows_per_branch == pytest.approx(1.0605, abs=1e-3)
+    assert paper.arm("qwen3-8b", "radix+flex").rows_per_branch is None  # the paper gives no rows there
+    x = _arm("radix", 1000, rows=4.0, requests=1000)  # 4,000 fragments over 4,000 branches
+    assert x.rows_per_branch == 1.0 and x.to_dict()["rows_per_branch"] == 1.0
+    t = table2({("qwen3.5-0.8b", "radix"): x})
+    i = t.headers.index("rows/branch")
+    assert t.rows[0][i : i + 3] == ["1.00", "1.93", "0.52"]
+    found = {d.measure for d in divergences({("qwen3.5-0.8b", "radix"): x})}
+    assert "rows_per_branch" in found

@@ -18,7 +18,8 @@ of one, so the tree stays prefix-closed and nothing a running branch holds is to
   passed in (`ReuseCosts`); without them tokens and units are counted.
 
 The policies are the index's friends: they use its private helpers (`_remove_leaf`, `_split`, ...),
-which keep the hash dict, the leaf set and the snapshot set consistent.
+which keep the hash dict, the leaf set and the snapshot set consistent. The index passes itself in;
+`IndexInternals` names all a policy may touch, so this module needs nothing from `cache.radix`.
 """
 
 from __future__ import annotations
@@ -26,20 +27,40 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from radixflow.cache.radix import Node, RadixIndex
+from radixflow.cache.node import Node, Snapshot
+from radixflow.cache.pool import IdPool
+
+
+class IndexInternals(Protocol):
+    """What an eviction policy reads and calls on the `RadixIndex` that passes itself in."""
+
+    block_size: int
+    slots: IdPool
+    _leaves: set[Node]  # unlocked or not, every node without children
+    _snap_nodes: dict[Node, None]  # nodes holding a snapshot, least recently used first
+    _tails: dict[Snapshot, None]  # tail snapshots (exact-depth checkpoints), least recently used first
+
+    def _evictable(self, node: Node) -> bool: ...
+
+    def _remove_leaf(self, node: Node) -> int: ...
+
+    def _split(self, node: Node, k: int) -> Node: ...
+
+    def _drop_snapshot(self, node: Node) -> None: ...
+
+    def drop_tail(self, snap: Snapshot) -> None: ...
 
 
 class EvictionPolicy(Protocol):
     name: str
 
-    def evict_pages(self, index: RadixIndex, need: int) -> int:
+    def evict_pages(self, index: IndexInternals, need: int) -> int:
         """Frees at least `need` KV pages if it can; returns the number freed."""
         ...
 
-    def evict_snapshots(self, index: RadixIndex, need: int) -> int:
+    def evict_snapshots(self, index: IndexInternals, need: int) -> int:
         """Drops at least `need` snapshots if it can (their KV may stay); returns the number dropped."""
         ...
 
@@ -51,7 +72,7 @@ class LRU:
 
     name: str = "lru"
 
-    def evict_pages(self, index: RadixIndex, need: int) -> int:
+    def evict_pages(self, index: IndexInternals, need: int) -> int:
         freed = 0
         heap = [(n.last_access, _order(n), n) for n in index._leaves if index._evictable(n)]
         heapq.heapify(heap)
@@ -65,7 +86,7 @@ class LRU:
                 heapq.heappush(heap, (parent.last_access, _order(parent), parent))
         return freed
 
-    def evict_snapshots(self, index: RadixIndex, need: int) -> int:
+    def evict_snapshots(self, index: IndexInternals, need: int) -> int:
         # The index keeps its snapshot nodes in LRU order: take the oldest droppable ones.
         victims = []
         for n in index._snap_nodes:
@@ -97,7 +118,7 @@ class RoundRobinTail:
         if self.chunk_pages < 1:
             raise ValueError(f"rr-tail chunk must be >= 1 page, got {self.chunk_pages}")
 
-    def evict_pages(self, index: RadixIndex, need: int) -> int:
+    def evict_pages(self, index: IndexInternals, need: int) -> int:
         freed = 0
         while freed < need:
             progressed = False
@@ -114,7 +135,7 @@ class RoundRobinTail:
                 break
         return freed
 
-    def evict_snapshots(self, index: RadixIndex, need: int) -> int:
+    def evict_snapshots(self, index: IndexInternals, need: int) -> int:
         dropped = 0
         while dropped < need:
             progressed = False
@@ -135,7 +156,7 @@ class RoundRobinTail:
         return dropped
 
     # ------------------------------------------------------------------ helpers
-    def _ring(self, index: RadixIndex, cursor: tuple | None) -> list[tuple[tuple, Node]]:
+    def _ring(self, index: IndexInternals, cursor: tuple | None) -> list[tuple[tuple, Node]]:
         """Evictable leaves in rotation order, starting just after the trajectory cut last."""
         items = sorted(((_trajectory_key(n), n) for n in index._leaves if index._evictable(n)),
                        key=lambda kn: kn[0])
@@ -144,7 +165,7 @@ class RoundRobinTail:
         i = bisect.bisect_right([k for k, _ in items], cursor)
         return items[i:] + items[:i]
 
-    def _cut(self, index: RadixIndex, leaf: Node) -> int:
+    def _cut(self, index: IndexInternals, leaf: Node) -> int:
         """Removes the last chunk of `leaf`'s trajectory (hybrid: down to a snapshot boundary)."""
         bs = index.block_size
         target = max(0, leaf.depth - self.chunk_pages * bs)
@@ -186,7 +207,7 @@ class LevelTail(RoundRobinTail):
 
     name: str = "level-tail"
 
-    def evict_pages(self, index: RadixIndex, need: int) -> int:
+    def evict_pages(self, index: IndexInternals, need: int) -> int:
         freed = 0
         while freed < need:
             leaves = [n for n in index._leaves if index._evictable(n)]
@@ -263,7 +284,7 @@ class FlopAware:
         if not 0.0 <= self.recency_weight <= 1.0:
             raise ValueError(f"flop-aware recency weight must be in [0, 1], got {self.recency_weight}")
 
-    def evict_pages(self, index: RadixIndex, need: int) -> int:
+    def evict_pages(self, index: IndexInternals, need: int) -> int:
         freed = 0
         while freed < need:
             cands = [(n, *self._leaf_value(index, n)) for n in index._leaves if index._evictable(n)]
@@ -286,7 +307,7 @@ class FlopAware:
                 break
         return freed
 
-    def evict_snapshots(self, index: RadixIndex, need: int) -> int:
+    def evict_snapshots(self, index: IndexInternals, need: int) -> int:
         cands = [(n.snapshot, *self._snap_value(index, n.snapshot)) for n in index._snap_nodes
                  if _droppable(n.snapshot)]
         cands += [(t, *self._snap_value(index, t)) for t in index._tails if _droppable(t)]
@@ -316,7 +337,7 @@ class FlopAware:
         # Worthless victims (dead KV) go first whatever their age; then the blended score.
         return [cands[i][0] for i in sorted(range(n), key=lambda i: (cands[i][1] > 0, score[i], cands[i][2]))]
 
-    def _leaf_value(self, index: RadixIndex, leaf: Node) -> tuple[float, float]:
+    def _leaf_value(self, index: IndexInternals, leaf: Node) -> tuple[float, float]:
         c = self.costs
         held = len(leaf.pages) * c.page_bytes
         if index.slots.capacity == 0:  # full attention: every page is a resume point
@@ -329,7 +350,7 @@ class FlopAware:
         value = c.prefill_flops(_snapshot_above(leaf.parent), deepest)
         return value / max(held, 1e-9), max(leaf.last_access, max(s.last_access for s in snaps))
 
-    def _snap_value(self, index: RadixIndex, snap) -> tuple[float, float]:
+    def _snap_value(self, index: IndexInternals, snap) -> tuple[float, float]:
         c = self.costs
         node = snap.node
         above = node.depth if snap.tail and node.snapshot is not None else _snapshot_above(

@@ -19,56 +19,14 @@ every snapshot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from radixflow.cache.eviction import EvictionPolicy, get_eviction
 from radixflow.cache.ghosts import Ghosts
+from radixflow.cache.node import Node, Snapshot
 from radixflow.cache.pool import IdPool
 
-
-@dataclass(eq=False)
-class Snapshot:
-    slot: int
-    depth: int
-    published: bool
-    producer: int | None  # uid of the branch writing it this round (None once published)
-    lock: int = 0
-    last_access: float = 0.0
-    level: int = 0  # dependency depth of the fragment that produced it (for the lower bound)
-    node: Node | None = field(default=None, repr=False, compare=False)  # the node it sits on
-    tail: tuple[int, ...] = ()  # tokens past node.depth (an exact-depth checkpoint inside a page)
-    tail_page: int | None = None  # KV page owned by a tail snapshot: the K/V of `tail`
-
-
-@dataclass(eq=False)
-class Node:
-    parent: Node | None
-    namespace: str
-    key: tuple[int, ...]
-    pages: list[int]
-    hashes: list[int]
-    depth: int  # token depth at the end of this node
-    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
-    lock_ref: int = 0
-    last_access: float = 0.0
-    pending: bool = False  # pages registered this round, not yet computed
-    snapshot: Snapshot | None = None
-    tails: list[Snapshot] = field(default_factory=list)  # exact-depth snapshots inside the next page
-
-    @property
-    def start(self) -> int:
-        return self.depth - len(self.key)
-
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None
-
-    def path(self):
-        node = self
-        while node is not None and not node.is_root:
-            yield node
-            node = node.parent
+__all__ = ["Boundary", "Match", "Node", "RadixIndex", "Snapshot", "chain_hashes"]
 
 
 class Match(NamedTuple):

@@ -119,6 +119,7 @@ def print_arms(arms: list[ArmMeasures], title: str, console: Console | None = No
     t = Table(title=title)
     cols = [("policy", "policy", "{}"), ("rounds K", "rounds", "{:,}"), ("fragments", "fragments", "{:,}"),
             ("tokens", "tokens", "{:,}"), ("rows/round", "rows_per_round", "{:.2f}"),
+            ("rows/branch", "rows_per_branch", "{:.2f}"),
             ("empty slots", "empty_slots", "{:,}"), ("reuse %", "reuse_rate", "{:.3f}"),
             ("latency mean s", "latency_mean", "{:.3f}"), ("p95 s", "latency_p95", "{:.3f}"),
             ("1st-sel wait s", "first_selection_wait_mean", "{:.3f}"), ("T_host s", "host_time", "{:.2f}"),

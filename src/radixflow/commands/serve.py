@@ -10,6 +10,7 @@ from radixflow.commands.common import add_scheduler_flags, positive_int
 from radixflow.config import SchedulerConfig
 from radixflow.core.policies import ARMS
 from radixflow.engine.engine import EngineConfig
+from radixflow.engine.loader import check_model
 from radixflow.engine.tiny import resolve_model
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -73,7 +74,7 @@ def run(args) -> int:
     from radixflow.server.app import ServerConfig
     from radixflow.server.runner import serve
 
-    resolve_model(args.model)  # a bad name or path fails here, before the port opens
+    check_model(resolve_model(args.model))  # a bad name, path or file fails here, before the port opens
     config = ServerConfig(engine=engine_config(args), host=args.host, port=args.port,
                           served_model_name=args.served_model_name, max_queue=args.max_queue,
                           default_max_tokens=args.default_max_tokens, drain_timeout=args.drain_timeout,

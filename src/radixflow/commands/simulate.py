@@ -16,11 +16,11 @@ from radixflow.commands.common import (
     scheduler_config,
     write_json,
 )
+from radixflow.commands.sessions import SESSION_WORKLOADS, add_session_flags, simulate_cli
 from radixflow.core.policies import parse_arms
 from radixflow.sim.cost_model import GPUS, get_gpu
 from radixflow.sim.runner import SimSetup, run_arm
 from radixflow.spec import PRESETS, get_spec
-from radixflow.workloads.agentic import SESSION_WORKLOADS, add_session_flags, simulate_cli
 
 
 def add_arguments(p) -> None:

@@ -13,8 +13,9 @@ from rich.table import Table
 
 from radixflow.commands.common import positive_int, write_json
 from radixflow.config import CHECKPOINT_MODES, SchedulerConfig, help_of
+from radixflow.sim.chat_trace import trace_chat
 from radixflow.spec import get_spec
-from radixflow.workloads.multiturn import VARIANTS, ChatSpec, conversation, trace_chat
+from radixflow.workloads.multiturn import VARIANTS, ChatSpec, conversation
 
 
 def add_arguments(p) -> None:

@@ -19,13 +19,26 @@ they allocate from its pools, as its own `_capture_at` does.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from radixflow.cache.radix import Node, chain_hashes
+from radixflow.cache.pool import IdPool
+from radixflow.cache.radix import Node, RadixIndex, chain_hashes
+from radixflow.config import SchedulerConfig
 from radixflow.core.branch import Branch
 
-if TYPE_CHECKING:
-    from radixflow.core.scheduler import Scheduler
+
+class SchedulerPools(Protocol):
+    """What the capture helpers use: the Scheduler passes itself in (this module sits below it)."""
+
+    config: SchedulerConfig
+    index: RadixIndex
+    pages: IdPool
+    slots: IdPool
+    block_size: int
+    exact_checkpoints: int
+
+    def _ensure(self, pages: int, slots: int) -> bool: ...
+
 
 MAX_PER_ROW = 8  # a row is one forward; a handful of captures is cheap, hundreds would not be
 
@@ -74,7 +87,7 @@ class BranchPoints:
         return i
 
 
-def capture_exact(s: Scheduler, b: Branch, depth: int, start: int, now: float, out: list[tuple[int, int]],
+def capture_exact(s: SchedulerPools, b: Branch, depth: int, start: int, now: float, out: list[tuple[int, int]],
                   copies: list[tuple[int, int]]) -> None:
     """A tail snapshot at `depth` (inside a page) written by `b`'s row: a state capture at that point
     and a copy of the partial page's K/V after the forward that writes it."""
@@ -92,7 +105,7 @@ def capture_exact(s: Scheduler, b: Branch, depth: int, start: int, now: float, o
     s.exact_checkpoints += 1
 
 
-def attach_exact_end(s: Scheduler, b: Branch) -> bool:
+def attach_exact_end(s: SchedulerPools, b: Branch) -> bool:
     """At finish: the working state becomes a snapshot at the exact computed length; a partial last
     page is handed over to it (no copy: the branch is done writing it). False: the caller frees it."""
     tr = b.sched
@@ -121,7 +134,7 @@ def attach_exact_end(s: Scheduler, b: Branch) -> bool:
     return True
 
 
-def anchor(s: Scheduler, b: Branch, depth: int) -> Node | None:
+def anchor(s: SchedulerPools, b: Branch, depth: int) -> Node | None:
     """The tree node ending at the last whole page at or above `depth` (a root below one page)."""
     full = depth // s.block_size
     if full == 0:

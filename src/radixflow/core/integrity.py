@@ -3,13 +3,26 @@ one running branch, the byte budget adds up, and lock counts match what branches
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from radixflow.core.scheduler import Scheduler
+from radixflow.cache.pool import IdPool
+from radixflow.cache.radix import RadixIndex
+from radixflow.core.branch import Branch
 
 
-def check_scheduler(s: Scheduler) -> None:
+class SchedulerMemory(Protocol):
+    """What the checks read: the Scheduler passes itself in (this module sits below it)."""
+
+    index: RadixIndex
+    pages: IdPool
+    slots: IdPool
+    block_size: int
+    running: list[Branch]
+    waiting: list[Branch]
+    held: list[Branch]
+
+
+def check_scheduler(s: SchedulerMemory) -> None:
     """Raises AssertionError if free + cached + in use != total for pages or slots, or locks drift."""
     tree_pages, snap_slots = s.index.check_integrity()
     private: set[int] = set()
@@ -46,7 +59,7 @@ def check_scheduler(s: Scheduler) -> None:
     assert held_snap == snap_locks, "snapshot lock drift"
 
 
-def holds_nothing(s: Scheduler) -> bool:
+def holds_nothing(s: SchedulerMemory) -> bool:
     """True when no branch holds pages, slots or locks (only the cache itself remains)."""
     pages, slots = s.index.check_integrity()
     return (len(pages) + s.pages.num_free == s.pages.capacity

@@ -60,9 +60,15 @@ class ArmMeasures:
     # Per-request latencies, kept so that merged parts give pooled percentiles (not written to JSON).
     latencies: list[float] = field(default_factory=list, repr=False)
 
+    @property
+    def rows_per_branch(self) -> float:
+        """Fragments ÷ branches: how often vLLM-style chunking splits a branch (1.0 = never)."""
+        return self.fragments / self.branches if self.branches else 0.0
+
     def to_dict(self) -> dict:
         d = asdict(self)
         del d["latencies"]
+        d["rows_per_branch"] = self.rows_per_branch
         return d
 
 
@@ -128,6 +134,7 @@ def merge(policy: str, parts: list[ArmMeasures]) -> ArmMeasures:
     cached = sum(p.cached_tokens for p in parts)
     S = parts[0].max_num_seqs
     lat = [x for p in parts for x in p.latencies]
+    pooled = all(p.latencies or not p.requests for p in parts)
 
     def wmean(attr, weight):
         tot = sum(getattr(p, weight) for p in parts)
@@ -138,7 +145,11 @@ def merge(policy: str, parts: list[ArmMeasures]) -> ArmMeasures:
         policy=policy, rounds=k, fragments=frags, tokens=tokens, rows_per_round=frags / k if k else 0.0,
         tokens_per_round=tokens / k if k else 0.0, empty_slots=sum(p.empty_slots for p in parts),
         reuse_rate=100.0 * cached / prompt if prompt else 0.0,
-        latency_mean=mean(lat), latency_p50=percentile(lat, 0.5), latency_p95=percentile(lat, 0.95),
+        # Parts read back without their per-request latencies (a bench file) keep the mean only:
+        # percentiles cannot be pooled from percentiles.
+        latency_mean=mean(lat) if pooled else wmean("latency_mean", "requests"),
+        latency_p50=percentile(lat, 0.5) if pooled else float("nan"),
+        latency_p95=percentile(lat, 0.95) if pooled else float("nan"),
         first_selection_wait_mean=wmean("first_selection_wait_mean", "branches"), host_time=host,
         cost_per_round=host / k if k else 0.0, host_ms_per_1k_tokens=1e6 * host / tokens if tokens else 0.0,
         blocked_deferrals=sum(p.blocked_deferrals for p in parts), preemptions=sum(p.preemptions for p in parts),

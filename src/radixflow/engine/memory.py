@@ -6,6 +6,8 @@ import os
 
 import torch
 
+_BOOKKEEPING_PAGES = 1 << 20  # cap on the byte-free pages of an attention-free model
+
 
 def default_budget(device: torch.device, fraction: float) -> int:
     """`fraction` of free GPU memory, or of host memory on CPU."""
@@ -22,12 +24,17 @@ def pool_sizes(budget: int, kv_bytes_per_token: int, state_bytes: int, block_siz
     if budget <= 0:
         raise ValueError(f"KV cache memory must be > 0 bytes, got {budget}")
     page_bytes = kv_bytes_per_token * block_size
-    if not hybrid:
+    need_pages = -(-max_model_len // block_size)
+    if page_bytes == 0:
+        # no attention layer: pages hold no bytes, they only index positions in the prefix tree, so
+        # the whole budget goes to slots and every slot's branch may reach max_model_len
+        slots = budget // state_bytes if hybrid else 0
+        pages = min(need_pages * max(slots, max_num_seqs), max(_BOOKKEEPING_PAGES, need_pages * max_num_seqs))
+    elif not hybrid:
         pages, slots = budget // page_bytes, 0
     else:
         slots = int(budget * state_fraction) // state_bytes
         pages = (budget - slots * state_bytes) // page_bytes
-    need_pages = -(-max_model_len // block_size)
     need_slots = 2 if hybrid else 0  # a running state and one capture
     if pages < need_pages or slots < need_slots:
         need = need_pages * page_bytes + need_slots * state_bytes

@@ -20,6 +20,7 @@ from radixflow.report.tables import (
     divergence_table,
     divergences,
     merge_by,
+    rows_per_branch_table,
     table1,
     table2,
 )
@@ -79,6 +80,8 @@ def _experiment_sections(rep: Report, res: Results) -> None:
     if not merged:
         rep.sections.append(Section("Tables 1 and 2", text=["No multi-candidate QA cells in this directory."]))
     else:
+        rep.tables["rows_per_branch"] = rows_per_branch_table(merged)
+        rep.sections.append(Section("Rows per branch", tables=[rep.tables["rows_per_branch"]]))
         rep.tables["table1"], rep.tables["table2"] = table1(merged), table2(merged)
         rep.sections.append(
             Section("Table 1 and Table 2 (simulator)", tables=[rep.tables["table1"], rep.tables["table2"]])

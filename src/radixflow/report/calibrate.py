@@ -9,8 +9,10 @@ it are ordered by that latency, then by smaller budgets.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 from radixflow.core.policies import get_arm
 from radixflow.report import paper
@@ -24,9 +26,16 @@ HELD_OUT_SEED_OFFSET = 1000
 STREAM, ORDER = "mixed", "forward"
 
 
-def _run(grid, model: str, budgets: tuple[int, int], rate: float | None):
-    from radixflow.report.experiment import qa_branches, sim_setup
+class GridTools(NamedTuple):
+    """What calibration borrows from the experiment grid; passed in, since the grid module calls us."""
 
+    sim_setup: Callable  # (grid, model, (S, T)) -> SimSetup
+    qa_branches: Callable  # (grid, model, stream, order, questions=, seed=) -> branches
+    pool_map: Callable  # (fn, tasks, jobs, on_done) -> None
+
+
+def _run(grid, tools: GridTools, model: str, budgets: tuple[int, int], rate: float | None):
+    qa_branches, sim_setup = tools.qa_branches, tools.sim_setup
     seed = grid.seed + HELD_OUT_SEED_OFFSET
     qs = paper_questions(seed, paper.CALIBRATION_QUESTIONS)
     g = replace(grid, rate=rate)
@@ -37,9 +46,9 @@ def _run(grid, model: str, budgets: tuple[int, int], rate: float | None):
 
 def _trial(task) -> dict:
     """Capacity with the 64 questions as one burst; latency at the model's arrival rate."""
-    grid, model, s, t = task
-    burst, span = _run(grid, model, (s, t), 0.0)
-    paced, _ = _run(grid, model, (s, t), None)
+    grid, tools, model, s, t = task
+    burst, span = _run(grid, tools, model, (s, t), 0.0)
+    paced, _ = _run(grid, tools, model, (s, t), None)
     return {
         "model": model,
         "max_num_seqs": s,
@@ -57,17 +66,15 @@ def choose(trials: list[dict]) -> dict:
     return min(near, key=lambda t: (t["latency_mean"], t["max_num_seqs"], t["max_num_batched_tokens"]))
 
 
-def calibrate_all(grid, root: Path, jobs: int) -> dict[str, tuple[int, int]]:
+def calibrate_all(grid, root: Path, jobs: int, tools: GridTools) -> dict[str, tuple[int, int]]:
     """Budgets per model; reuses `calibration.json` for the models it already has."""
     path = Path(root) / CALIBRATION
     saved = read_json(path) if path.exists() else {}
     todo = [m for m in grid.models if m not in saved]
-    tasks = [(grid, m, s, t) for m in todo for s in S_GRID for t in T_GRID]
+    tasks = [(grid, tools, m, s, t) for m in todo for s in S_GRID for t in T_GRID]
     trials: list[dict] = []
     if tasks:
-        from radixflow.report.experiment import pool_map
-
-        pool_map(_trial, tasks, jobs, trials.append)
+        tools.pool_map(_trial, tasks, jobs, trials.append)
     for m in todo:
         mine = sorted(
             (t for t in trials if t["model"] == m),

@@ -24,6 +24,7 @@ from radixflow.config import SchedulerConfig
 from radixflow.core.branch import group_requests
 from radixflow.core.policies import ARMS, get_arm
 from radixflow.report import paper
+from radixflow.report.calibrate import GridTools, calibrate_all
 from radixflow.report.cells import MANIFEST, Cell, is_done, read_json, write_atomic
 from radixflow.sim.cost_model import get_gpu
 from radixflow.sim.runner import SimSetup, run_arm
@@ -273,9 +274,7 @@ def run_experiment(grid: Grid, root: str | Path, jobs: int, progress=None) -> Ru
     root = Path(root)
     t0 = time.perf_counter()
     if grid.calibrate:
-        from radixflow.report.calibrate import calibrate_all
-
-        grid.budgets.update(calibrate_all(grid, root, jobs))
+        grid.budgets.update(calibrate_all(grid, root, jobs, GridTools(sim_setup, qa_branches, pool_map)))
     cells = grid.cells()
     write_atomic(
         root / MANIFEST,

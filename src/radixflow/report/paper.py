@@ -20,6 +20,7 @@ LABELS = {
 FULL_ATTENTION = frozenset({"qwen3-8b"})
 RATES = {m: (1.5 if m.startswith("nemotron") else 5.0) for m in MODELS}  # requests/s
 QUESTIONS = 1551  # QuALITY 1,034 + RACE-M 517; x 3 streams x 2 orders = 9,306 requests per arm
+BRANCHES = QUESTIONS * 6 * 4  # four candidates per question: 37,224 branches per arm
 CALIBRATION_QUESTIONS = 64
 
 
@@ -32,6 +33,13 @@ class PaperArm:
     reuse_rate: float | None = None  # %
     rows_per_round: float | None = None
     first_selection_wait_mean: float | None = None  # s
+
+    @property
+    def rows_per_branch(self) -> float | None:
+        """Not printed by the paper; derived: rows/round x rounds = fragments, over its 37,224 branches."""
+        if self.rows_per_round is None or self.rounds is None:
+            return None
+        return self.rows_per_round * self.rounds / BRANCHES
 
 
 def _pair(s_t, lat, rounds, reuse, rows, wait):

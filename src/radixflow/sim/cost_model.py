@@ -2,12 +2,15 @@
 
 c(B) = host + layer_launch·L + row·|B| + max(dense compute, weight + KV + state traffic)
        + attention + recurrent-state work
-The constants were fitted once to two figures of the paper (SPEC §11); see docs/cost_model.md.
+Dense compute counts the LM head once per row, not per token: vLLM computes logits only at each
+scheduled request's last position (`logits_indices = query_start_loc[1:] - 1` in its model runner).
+`terms(B)` gives the same sum term by term. The constants: see docs/simulator.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from radixflow.core.batch import Batch
 from radixflow.spec.model_spec import ModelSpec
@@ -46,6 +49,21 @@ class CostConstants:
     bandwidth_efficiency: float = 0.80
 
 
+class CallCost(NamedTuple):
+    """c(B) by term, in seconds; `total` is what the executor charges."""
+
+    host: float  # fixed per call
+    launches: float  # eager kernel launches, per layer
+    rows: float  # per-row host work
+    dense_or_traffic: float  # max(dense GEMMs, weight + KV + state bytes)
+    attention: float
+    recurrent: float
+
+    @property
+    def total(self) -> float:
+        return sum(self)
+
+
 class CostModel:
     def __init__(self, spec: ModelSpec, gpu: GPU, constants: CostConstants = CostConstants(),
                  block_size: int = 16) -> None:
@@ -55,12 +73,16 @@ class CostModel:
         self.k = constants
 
     def call_time(self, batch: Batch) -> float:
+        return self.terms(batch).total if batch.num_rows else 0.0
+
+    def terms(self, batch: Batch) -> CallCost:
         s, g, k = self.spec, self.gpu, self.k
         tokens = batch.num_tokens
         rows = batch.num_rows
         if rows == 0:
-            return 0.0
-        dense = s.flops_per_token * tokens / (g.bf16_flops * k.dense_efficiency)
+            return CallCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        head = 2 * s.vocab_size * s.hidden_size  # LM-head FLOPs of one position
+        dense = ((s.flops_per_token - head) * tokens + head * rows) / (g.bf16_flops * k.dense_efficiency)
         attn = 0.0
         kv_bytes = 0.0
         for f in batch.fragments:
@@ -71,9 +93,7 @@ class CostModel:
             g.hbm_bandwidth * k.bandwidth_efficiency)
         attn_t = attn / (g.bf16_flops * k.attention_efficiency)
         rec_t = s.recurrent_flops(tokens) / (g.bf16_flops * k.recurrent_efficiency)
-        overhead = k.host + k.layer_launch * len(s.layers) + k.row * rows
-        return overhead + max(dense, traffic) + attn_t + rec_t
-
+        return CallCost(k.host, k.layer_launch * len(s.layers), k.row * rows, max(dense, traffic), attn_t, rec_t)
 
     def capture_bytes(self, batch: Batch) -> int:
         """Bytes written by state captures (each `state_out` point) and page copies (read + write):

@@ -29,6 +29,7 @@ class SimSetup:
     size_pools: bool = True  # size the pools from GPU memory (else keep config's pool sizes)
     check: bool = False  # check_integrity() after every round (tests)
     round_hook: Callable | None = field(default=None, repr=False)
+    cost_model: Callable[[ModelSpec, GPU], CostModel] = field(default=CostModel, repr=False)  # c(B) factory
 
     def scheduler_config(self) -> SchedulerConfig:
         cfg = SchedulerConfig(**vars(self.config))
@@ -62,8 +63,9 @@ def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
             if setup.round_hook is not None:
                 setup.round_hook(s, batch)
 
-        executor = SimExecutor(CostModel(setup.spec, setup.gpu, block_size=cfg.block_size), setup.spec.vocab_size)
-        res = run_trace(sched, executor,
+        cost = setup.cost_model(setup.spec, setup.gpu)
+        cost.block_size = cfg.block_size  # what a page copy moves
+        res = run_trace(sched, SimExecutor(cost, setup.spec.vocab_size),
                         fresh_copies(branches), on_round=hook, progress=progress)
         parts.append(measure(arm.name, res))
         runs.append(res)

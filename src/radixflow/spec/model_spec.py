@@ -167,27 +167,60 @@ def get_spec(name_or_path: str) -> ModelSpec:
     if p.is_dir():
         p = p / "config.json"
     if p.is_file():
-        return spec_from_hf_config(json.loads(p.read_text()), name=p.parent.name)
+        try:
+            cfg = json.loads(p.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{p}: invalid JSON ({e})") from None
+        try:
+            return spec_from_hf_config(cfg, name=p.parent.name)
+        except ValueError as e:
+            raise ValueError(f"{p}: {e}") from None
     raise ValueError(f"unknown model {name_or_path!r}: use a preset ({', '.join(PRESETS)}) "
                      f"or a directory holding config.json")
 
 
+_HEAD_DIM_DEFAULT = {"qwen3_5_text": 256, "qwen3": 128, "nemotron_h": 128}
+_NEMOTRON_KINDS = {"linear_attention": MAMBA, "mamba": MAMBA, "full_attention": ATTN, "attention": ATTN,
+                   "mlp": MLP}
+
+
+def _nemotron_layer_list(cfg: dict) -> tuple[str, ...]:
+    """`layers_block_type` (or its alias `layer_types`), else the legacy `hybrid_override_pattern`."""
+    listed = cfg.get("layers_block_type") or cfg.get("layer_types")
+    if listed:
+        bad = sorted(set(listed) - set(_NEMOTRON_KINDS))
+        if bad:
+            raise ValueError(f"config.json (nemotron_h): layers_block_type has unsupported kinds {bad}")
+        return tuple(_NEMOTRON_KINDS[k] for k in listed)
+    pattern = cfg.get("hybrid_override_pattern")
+    if not pattern:
+        raise ValueError("config.json (nemotron_h) lacks 'layers_block_type' and 'hybrid_override_pattern'")
+    return _nemotron_layers(pattern)
+
+
 def spec_from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
     """Reads an HF config dict (model types qwen3_5_text, qwen3_5, qwen3_next, nemotron_h, qwen3, llama)."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"config.json must hold a JSON object, got {type(cfg).__name__}")
     mt = cfg.get("model_type")
-    if mt == "qwen3_5" and "text_config" in cfg:
-        return spec_from_hf_config({**cfg["text_config"], "model_type": "qwen3_5_text"}, name)
+    if mt == "qwen3_5" and isinstance(cfg.get("text_config"), dict):
+        text = {**cfg["text_config"], "model_type": "qwen3_5_text"}
+        if "tie_word_embeddings" in cfg:  # the wrapper's flag governs, as in transformers
+            text["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+        return spec_from_hf_config(text, name)
 
     def need(key):
         if key not in cfg:
             raise ValueError(f"config.json ({mt}) lacks {key!r}")
         return cfg[key]
 
-    h, n = need("hidden_size"), need("num_hidden_layers")
+    h = need("hidden_size")
+    n = len(_nemotron_layer_list(cfg)) if mt == "nemotron_h" else need("num_hidden_layers")
     heads = need("num_attention_heads")
+    # transformers 5.23's per-family defaults when the key is absent (llama: hidden / heads)
+    head_dim = cfg.get("head_dim") or _HEAD_DIM_DEFAULT.get(mt) or h // heads
     common = dict(name=name, model_type=mt, hidden_size=h, vocab_size=need("vocab_size"), num_heads=heads,
-                  num_kv_heads=cfg.get("num_key_value_heads") or heads,
-                  head_dim=cfg.get("head_dim") or h // heads,
+                  num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
                   tie_embeddings=bool(cfg.get("tie_word_embeddings", False)))
     if mt in ("qwen3_5_text", "qwen3_next"):
         types = cfg.get("layer_types") or [
@@ -200,13 +233,12 @@ def spec_from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
                          linear_k_dim=need("linear_key_head_dim"), linear_v_dim=need("linear_value_head_dim"),
                          conv_kernel=cfg.get("linear_conv_kernel_dim", 4), **common)
     if mt == "nemotron_h":
-        pattern = cfg.get("hybrid_override_pattern")
-        if not pattern:
-            raise ValueError("config.json (nemotron_h) lacks 'hybrid_override_pattern'")
-        return ModelSpec(layers=_nemotron_layers(pattern), intermediate_size=need("intermediate_size"),
+        return ModelSpec(layers=_nemotron_layer_list(cfg), intermediate_size=need("intermediate_size"),
                          mamba_heads=need("mamba_num_heads"), mamba_head_dim=need("mamba_head_dim"),
-                         mamba_state=need("ssm_state_size"), mamba_groups=cfg.get("n_groups", 1),
-                         conv_kernel=cfg.get("conv_kernel", 4), mlp_per_layer=False, **common)
+                         mamba_state=need("ssm_state_size"),
+                         mamba_groups=cfg.get("mamba_n_groups", cfg.get("n_groups", 8)),
+                         conv_kernel=cfg.get("mamba_d_conv", cfg.get("conv_kernel", 4)), mlp_per_layer=False,
+                         **common)
     if mt in ("qwen3", "llama"):
         return ModelSpec(layers=(ATTN,) * n, intermediate_size=need("intermediate_size"), **common)
     raise ValueError(f"unsupported model_type {mt!r}; supported: qwen3_5_text, qwen3_5, qwen3_next, "

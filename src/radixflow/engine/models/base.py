@@ -51,6 +51,7 @@ class CausalLM(nn.Module):
     config: Any
     model: nn.Module
     lm_head: nn.Linear
+    ties_embeddings = True  # `tie_word_embeddings` makes lm_head the embedding (False: the family never ties)
 
     def cache_layout(self) -> CacheLayout:
         raise NotImplementedError

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .activations import Activation
 from .batch import BatchContext
 from .cache import ModelCache
 from .layers import TOKEN_BLOCK
@@ -18,8 +19,8 @@ from .states import initial_states, save_states
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, batch: BatchContext,
-                cache: ModelCache, layer: int) -> torch.Tensor:
-    """x [N, C] -> silu(conv(x)) [N, C]; saves the windows listed in state_out to cache.conv[layer].
+                cache: ModelCache, layer: int, act: Activation = F.silu) -> torch.Tensor:
+    """x [N, C] -> act(conv(x)) [N, C]; saves the windows listed in state_out to cache.conv[layer].
 
     weight: [C, 1, K] (depthwise). cache.conv[layer]: [slots, C, K-1].
     """
@@ -46,4 +47,4 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     # y[j] covers inputs [j, j + K - 1], i.e. ends at the token at flat position j + K - 1
     out = y[plan.token_pos - plan.width]
     save_states(pool, plan.capture_slots, flat[plan.capture_pos].transpose(1, 2))
-    return F.silu(out).to(x.dtype)
+    return act(out).to(x.dtype)

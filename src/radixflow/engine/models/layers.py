@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .activations import ACTIVATIONS, Fn
+
 
 def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) over the last dim, computed in fp32."""
@@ -62,9 +64,15 @@ class Rotary:
     """Rotary position embedding on the first `rot_dim` channels of each head (partial rotary)."""
 
     def __init__(self, head_dim: int, theta: float, partial_factor: float = 1.0) -> None:
-        self.rot_dim = int(head_dim * partial_factor)
+        dim = int(head_dim * partial_factor)
         # explicit cpu: models are built under a meta-device context when loading checkpoints
-        exps = torch.arange(0, self.rot_dim, 2, dtype=torch.float, device="cpu") / self.rot_dim
+        exps = torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / max(dim, 1)
+        # an odd `dim` still gets ceil(dim / 2) frequencies over 2 * ceil(dim / 2) channels, with
+        # exponents over `dim`, exactly as transformers computes it (head_dim 20 x 0.25: 6 channels)
+        self.rot_dim = 2 * exps.numel()
+        if self.rot_dim > head_dim:
+            raise ValueError(f"config.json: head_dim={head_dim} x partial_rotary_factor={partial_factor} "
+                             f"gives {dim} rotary channels, rounded up to {self.rot_dim} > head_dim")
         self.inv_freq = 1.0 / (theta ** exps)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,6 +84,8 @@ class Rotary:
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate x [N, heads, head_dim] by its token's angle (channel halves paired, not interleaved)."""
         d = self.rot_dim
+        if d == 0:
+            return x
         rot, rest = x[..., :d], x[..., d:]
         half = d // 2
         rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
@@ -95,10 +105,11 @@ def by_token_blocks(fn, x: torch.Tensor, block: int = TOKEN_BLOCK) -> torch.Tens
 
 
 class GatedMLP(nn.Module):
-    """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
+    """Gated MLP: down(act(gate(x)) * up(x)); SwiGLU with the default silu."""
 
-    def __init__(self, hidden: int, inter: int, bias: bool = False) -> None:
+    def __init__(self, hidden: int, inter: int, bias: bool = False, act: nn.Module | None = None) -> None:
         super().__init__()
+        self.act_fn = act if act is not None else Fn(F.silu)
         self.gate_proj = nn.Linear(hidden, inter, bias=bias)
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
@@ -107,14 +118,15 @@ class GatedMLP(nn.Module):
         return by_token_blocks(self._mlp, x)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Relu2MLP(nn.Module):
-    """Nemotron-H MLP: down(relu(up(x))^2), no gate."""
+class PlainMLP(nn.Module):
+    """Ungated MLP: down(act(up(x))); Nemotron-H's, relu^2 by default."""
 
-    def __init__(self, hidden: int, inter: int, bias: bool = False) -> None:
+    def __init__(self, hidden: int, inter: int, bias: bool = False, act: nn.Module | None = None) -> None:
         super().__init__()
+        self.act_fn = act if act is not None else Fn(ACTIVATIONS["relu2"])
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
 
@@ -122,4 +134,4 @@ class Relu2MLP(nn.Module):
         return by_token_blocks(self._mlp, x)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(torch.square(F.relu(self.up_proj(x))))
+        return self.down_proj(self.act_fn(self.up_proj(x)))

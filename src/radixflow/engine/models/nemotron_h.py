@@ -14,12 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .activations import PReLU, activation_module, get_activation
 from .attention import SelfAttention
 from .base import CausalLM, cfg_get, eos_ids
 from .batch import BatchContext
 from .cache import CacheLayout, ModelCache, StateShape
 from .conv import causal_conv
-from .layers import GateThenGroupNorm, Relu2MLP, RMSNorm
+from .layers import GateThenGroupNorm, PlainMLP, RMSNorm
 from .ssd import ssd_scan
 
 MAMBA, ATTN, MLP = "mamba", "attention", "mlp"
@@ -50,32 +51,54 @@ class NemotronHConfig:
     time_step_min: float
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
+    mlp_hidden_act: str = "relu2"
+    mamba_hidden_act: str = "silu"
     model_type: str = "nemotron_h"
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> NemotronHConfig:
+        """Parse a `nemotron_h` config with transformers 5.23's `NemotronHConfig` defaults and its
+        legacy aliases (`mamba_n_groups`, `mamba_d_conv`, ...); docs/models.md lists every field."""
         types = _layer_types(d)
         heads = cfg_get(d, "num_attention_heads")
+        kv_heads = d["num_key_value_heads"] if "num_key_value_heads" in d else 8
+        acts = {f: cfg_get(d, f, default) for f, default in (("mlp_hidden_act", "relu2"),
+                                                             ("mamba_hidden_act", "silu"))}
+        for field, name in acts.items():
+            get_activation(name, field)
+        for field in ("attention_bias", "mamba_proj_bias"):
+            if d.get(field):
+                raise ValueError(f"config.json: {field}=true is not supported for nemotron_h (transformers' "
+                                 f"NemotronH has no such bias; use_bias sets the Mamba projections' bias)")
+        if d.get("sliding_window") is not None:
+            raise ValueError("config.json: sliding_window is not supported for nemotron_h (full attention only)")
         return cls(
             vocab_size=cfg_get(d, "vocab_size"), hidden_size=cfg_get(d, "hidden_size"), layer_types=types,
-            num_attention_heads=heads, num_key_value_heads=cfg_get(d, "num_key_value_heads", heads),
-            head_dim=d.get("head_dim") or cfg_get(d, "hidden_size") // heads,
+            num_attention_heads=heads, num_key_value_heads=heads if kv_heads is None else kv_heads,
+            head_dim=cfg_get(d, "head_dim", 128),
             intermediate_size=cfg_get(d, "intermediate_size"), mlp_bias=bool(d.get("mlp_bias", False)),
             layer_norm_epsilon=cfg_get(d, "layer_norm_epsilon", 1e-5),
             ssm_state_size=cfg_get(d, "ssm_state_size"), mamba_num_heads=cfg_get(d, "mamba_num_heads"),
             mamba_head_dim=cfg_get(d, "mamba_head_dim"),
-            n_groups=d.get("n_groups", d.get("mamba_n_groups", 8)),
-            conv_kernel=d.get("conv_kernel", d.get("mamba_d_conv", 4)),
-            use_conv_bias=bool(d.get("use_conv_bias", d.get("mamba_conv_bias", True))),
+            n_groups=_alias(d, "mamba_n_groups", "n_groups", 8),
+            conv_kernel=_alias(d, "mamba_d_conv", "conv_kernel", 4),
+            use_conv_bias=bool(_alias(d, "mamba_conv_bias", "use_conv_bias", True)),
             use_bias=bool(d.get("use_bias", False)),
-            chunk_size=d.get("chunk_size", d.get("mamba_chunk_size", 128)),
-            time_step_min=float(d.get("time_step_min", d.get("mamba_dt_min", 0.001))),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), eos_token_ids=eos_ids(d))
+            chunk_size=_alias(d, "mamba_chunk_size", "chunk_size", 128),
+            time_step_min=float(_alias(d, "mamba_dt_min", "time_step_min", 0.001)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), eos_token_ids=eos_ids(d),
+            mlp_hidden_act=acts["mlp_hidden_act"], mamba_hidden_act=acts["mamba_hidden_act"])
+
+
+def _alias(d: dict[str, Any], legacy: str, name: str, default: Any) -> Any:
+    """transformers lets the legacy name win when both are present."""
+    return d[legacy] if legacy in d else cfg_get(d, name, default)
 
 
 def _layer_types(d: dict[str, Any]) -> tuple[str, ...]:
-    if d.get("layers_block_type"):
-        types = [_HF_TYPES.get(t, t) for t in d["layers_block_type"]]
+    listed = d.get("layers_block_type") or d.get("layer_types")  # transformers maps one to the other
+    if listed:
+        types = [_HF_TYPES.get(t, t) for t in listed]
     elif d.get("hybrid_override_pattern"):
         types = [_PATTERN.get(ch, ch) for ch in d["hybrid_override_pattern"]]
     else:
@@ -92,6 +115,11 @@ class Mamba2Mixer(nn.Module):
     def __init__(self, c: NemotronHConfig, state_index: int) -> None:
         super().__init__()
         self.state_index, self.c = state_index, c
+        self.conv_act = get_activation(c.mamba_hidden_act, "mamba_hidden_act")
+        if c.mamba_hidden_act == "prelu":
+            # transformers registers `act` (so the checkpoint holds its slope) but its conv applies a
+            # fresh default activation: the stored slope is loaded and, as there, never used
+            self.act = PReLU()
         self.inner = c.mamba_num_heads * c.mamba_head_dim
         self.conv_dim = self.inner + 2 * c.n_groups * c.ssm_state_size
         proj = self.inner + self.conv_dim + c.mamba_num_heads
@@ -112,7 +140,8 @@ class Mamba2Mixer(nn.Module):
     def forward(self, x: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
         c, n = self.c, x.shape[0]
         gate, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, c.mamba_num_heads], dim=-1)
-        xbc = causal_conv(xbc, self.conv1d.weight, self.conv1d.bias, batch, cache, self.state_index)
+        xbc = causal_conv(xbc, self.conv1d.weight, self.conv1d.bias, batch, cache, self.state_index,
+                          self.conv_act)
         gs = c.n_groups * c.ssm_state_size
         xs, b, cc = xbc.split([self.inner, gs, gs], dim=-1)
         xs = xs.reshape(n, c.mamba_num_heads, c.mamba_head_dim)
@@ -149,6 +178,8 @@ class _Trunk(nn.Module):
 class NemotronHForCausalLM(CausalLM):
     """Nemotron-H over the paged hybrid cache."""
 
+    ties_embeddings = False  # transformers' and vLLM's NemotronH never tie lm_head to the embedding
+
     def __init__(self, config: NemotronHConfig) -> None:
         super().__init__()
         self.config = c = config
@@ -162,7 +193,8 @@ class NemotronHForCausalLM(CausalLM):
                                       c.head_dim, kv)
                 kv += 1
             else:
-                mixer = Relu2MLP(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+                mixer = PlainMLP(c.hidden_size, c.intermediate_size, bias=c.mlp_bias,
+                                 act=activation_module(c.mlp_hidden_act, "mlp_hidden_act"))
             layers.append(Block(c, kind, mixer))
         self.model = _Trunk(c, layers)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)

@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from .activations import get_activation
 from .attention import SelfAttention
 from .base import CausalLM, cfg_get, eos_ids, rope_params
 from .batch import BatchContext
@@ -29,23 +30,44 @@ class Qwen3Config:
     attention_bias: bool
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
+    hidden_act: str = "silu"
     model_type: str = "qwen3"
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> Qwen3Config:
-        if d.get("use_sliding_window"):
-            raise ValueError("config.json: use_sliding_window=true is not supported for qwen3")
-        theta, _ = rope_params(d)
+        """Parse a `qwen3` config with transformers 5.23's `Qwen3Config` defaults (docs/models.md)."""
+        n_layers = cfg_get(d, "num_hidden_layers")
+        _check_full_attention_only(d, n_layers)
+        theta, _ = rope_params(d)   # Qwen3's rotary spans the whole head: partial_rotary_factor is not read
         heads = cfg_get(d, "num_attention_heads")
+        # absent: transformers' default 32; an explicit null: one KV head per query head
+        kv_heads = d["num_key_value_heads"] if "num_key_value_heads" in d else 32
+        hidden_act = cfg_get(d, "hidden_act", "silu")
+        get_activation(hidden_act, "hidden_act")
         return cls(
             vocab_size=cfg_get(d, "vocab_size"), hidden_size=cfg_get(d, "hidden_size"),
-            intermediate_size=cfg_get(d, "intermediate_size"),
-            num_hidden_layers=cfg_get(d, "num_hidden_layers"),
-            num_attention_heads=heads, num_key_value_heads=cfg_get(d, "num_key_value_heads", heads),
-            head_dim=d.get("head_dim") or cfg_get(d, "hidden_size") // heads,
+            intermediate_size=cfg_get(d, "intermediate_size"), num_hidden_layers=n_layers,
+            num_attention_heads=heads, num_key_value_heads=heads if kv_heads is None else kv_heads,
+            head_dim=cfg_get(d, "head_dim", 128),
             rms_norm_eps=cfg_get(d, "rms_norm_eps", 1e-6), rope_theta=theta,
-            attention_bias=bool(d.get("attention_bias", False)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), eos_token_ids=eos_ids(d))
+            attention_bias=bool(cfg_get(d, "attention_bias", False)),
+            tie_word_embeddings=bool(cfg_get(d, "tie_word_embeddings", False)), eos_token_ids=eos_ids(d),
+            hidden_act=hidden_act)
+
+
+def _check_full_attention_only(d: dict[str, Any], n_layers: int) -> None:
+    """Refuse sliding-window layers: transformers makes layers >= max_window_layers sliding when
+    use_sliding_window is set, or takes an explicit layer_types list."""
+    types = d.get("layer_types")
+    if types is not None:
+        if len(types) != n_layers:
+            raise ValueError(f"config.json: layer_types has {len(types)} entries, num_hidden_layers is {n_layers}")
+        bad = sorted(set(types) - {FULL})
+        if bad:
+            raise ValueError(f"config.json: qwen3 layer_types {bad} are not supported (only full_attention)")
+    elif d.get("use_sliding_window") and cfg_get(d, "max_window_layers", 28) < n_layers:
+        raise ValueError("config.json: use_sliding_window=true is not supported for qwen3 (layers from "
+                         "max_window_layers on would use sliding-window attention)")
 
 
 class Qwen3ForCausalLM(CausalLM):

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .activations import activation_module, get_activation
 from .attention import SelfAttention
 from .base import CausalLM, cfg_get, eos_ids, rope_params
 from .batch import BatchContext
@@ -45,34 +46,50 @@ class Qwen35Config:
     linear_num_value_heads: int
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
+    hidden_act: str = "silu"
+    attention_bias: bool = False
     model_type: str = "qwen3_5_text"
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> Qwen35Config:
-        """Parse a `qwen3_5_text` config, or a `qwen3_5` wrapper through its `text_config`."""
+        """Parse a `qwen3_5_text` config, or a `qwen3_5` wrapper through its `text_config`.
+
+        Defaults are transformers 5.23's `Qwen3_5TextConfig` defaults; docs/models.md lists every
+        field transformers reads and what we do with it.
+        """
         outer = d
+        tie = d.get("tie_word_embeddings", False)
         if d.get("model_type") == "qwen3_5":
-            d = {**cfg_get(d, "text_config"), "model_type": "qwen3_5_text"}
+            text = cfg_get(d, "text_config")
+            if not isinstance(text, dict):
+                raise ValueError(f"config.json: text_config must be an object, got {type(text).__name__}")
+            d = {**text, "model_type": "qwen3_5_text"}
+            # the wrapper's flag governs (Qwen3_5ForConditionalGeneration reads the top-level config)
+            tie = outer["tie_word_embeddings"] if "tie_word_embeddings" in outer else d.get("tie_word_embeddings")
         n_layers = cfg_get(d, "num_hidden_layers")
         interval = d.get("full_attention_interval", 4)
         types = d.get("layer_types") or [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n_layers)]
         if set(types) - {LINEAR, FULL}:
             raise ValueError(f"config.json: unsupported layer types {sorted(set(types) - {LINEAR, FULL})}")
+        if len(types) != n_layers:
+            raise ValueError(f"config.json: layer_types has {len(types)} entries, num_hidden_layers is {n_layers}")
         theta, partial = rope_params({"partial_rotary_factor": 0.25, **d})
-        heads = cfg_get(d, "num_attention_heads")
-        tie = d.get("tie_word_embeddings", outer.get("tie_word_embeddings", False))
+        hidden_act = cfg_get(d, "hidden_act", "silu")
+        get_activation(hidden_act, "hidden_act")
         return cls(
             vocab_size=cfg_get(d, "vocab_size"), hidden_size=cfg_get(d, "hidden_size"),
             intermediate_size=cfg_get(d, "intermediate_size"), layer_types=tuple(types),
-            num_attention_heads=heads, num_key_value_heads=cfg_get(d, "num_key_value_heads"),
-            head_dim=d.get("head_dim") or cfg_get(d, "hidden_size") // heads,
+            num_attention_heads=cfg_get(d, "num_attention_heads"),
+            num_key_value_heads=cfg_get(d, "num_key_value_heads"),
+            head_dim=cfg_get(d, "head_dim", 256),
             rms_norm_eps=cfg_get(d, "rms_norm_eps", 1e-6), rope_theta=theta, partial_rotary_factor=partial,
             linear_conv_kernel_dim=cfg_get(d, "linear_conv_kernel_dim", 4),
             linear_key_head_dim=cfg_get(d, "linear_key_head_dim"),
             linear_value_head_dim=cfg_get(d, "linear_value_head_dim"),
             linear_num_key_heads=cfg_get(d, "linear_num_key_heads"),
             linear_num_value_heads=cfg_get(d, "linear_num_value_heads"),
-            tie_word_embeddings=bool(tie), eos_token_ids=eos_ids(d) or eos_ids(outer))
+            tie_word_embeddings=bool(tie), eos_token_ids=eos_ids(d) or eos_ids(outer),
+            hidden_act=hidden_act, attention_bias=bool(cfg_get(d, "attention_bias", False)))
 
 
 class GatedDeltaNet(nn.Module):
@@ -81,6 +98,7 @@ class GatedDeltaNet(nn.Module):
     def __init__(self, c: Qwen35Config, state_index: int) -> None:
         super().__init__()
         self.state_index = state_index
+        self.conv_act = get_activation(c.hidden_act, "hidden_act")  # as transformers' conv
         self.nk, self.nv = c.linear_num_key_heads, c.linear_num_value_heads
         self.dk, self.dv = c.linear_key_head_dim, c.linear_value_head_dim
         conv_dim = 2 * self.nk * self.dk + self.nv * self.dv
@@ -100,7 +118,8 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
         n = x.shape[0]
-        mixed = causal_conv(self.in_proj_qkv(x), self.conv1d.weight, None, batch, cache, self.state_index)
+        mixed = causal_conv(self.in_proj_qkv(x), self.conv1d.weight, None, batch, cache, self.state_index,
+                            self.conv_act)
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
         q = _l2norm(q.reshape(n, self.nk, self.dk)) * self.dk ** -0.5
         k = _l2norm(k.reshape(n, self.nk, self.dk))
@@ -127,7 +146,7 @@ class DecoderLayer(nn.Module):
         self.add_module(self.mixer_name, mixer)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, zero_centered)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, zero_centered)
-        self.mlp = GatedMLP(c.hidden_size, c.intermediate_size)
+        self.mlp = GatedMLP(c.hidden_size, c.intermediate_size, act=activation_module(c.hidden_act, "hidden_act"))
 
     def forward(self, h: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
         h = h + getattr(self, self.mixer_name)(self.input_layernorm(h), batch, cache)
@@ -158,7 +177,7 @@ class Qwen35ForCausalLM(CausalLM):
             else:
                 mixer = SelfAttention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                       kv, eps=c.rms_norm_eps, qk_norm="zero_centered", output_gate=True,
-                                      rotary=self.rotary)
+                                      rotary=self.rotary, bias=c.attention_bias)
                 kv += 1
             layers.append(DecoderLayer(c, kind, mixer))
         self.model = Backbone(c, layers, zero_centered=True)
