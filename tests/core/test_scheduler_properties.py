@@ -1,6 +1,7 @@
 """Property tests of the scheduler's guarantees (SPEC §5) over random workloads and budgets."""
 
 import copy
+from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -8,6 +9,7 @@ from hypothesis import strategies as st
 from factories import small_config
 from radixflow.core.batch import Batch, ExecResult, Outcome, Sample
 from radixflow.core.branch import Branch
+from radixflow.core.lookup import BlockedGroups
 from radixflow.core.policies import ARMS, get_arm
 from radixflow.core.scheduler import Scheduler
 from radixflow.workloads.trace import Segment, tokens_of
@@ -26,7 +28,8 @@ def workloads(draw):
         toks = tokens_of([Segment(f"d{d}", doc_lens[d]), Segment(f"t{i}", tail)], vocab=50)
         t += draw(st.sampled_from([0.0, 0.0, 0.001, 0.01]))
         branches.append(Branch(f"q{i // 2}", i % 2, toks, namespace=draw(st.sampled_from(["a", "b"])),
-                               arrival=t, max_new_tokens=draw(st.integers(1, 3))))
+                               arrival=t, max_new_tokens=draw(st.integers(1, 3)),
+                               priority=draw(st.sampled_from([0, 0, 0, 1]))))
     return branches
 
 
@@ -51,7 +54,8 @@ class _Exec:
 
 
 def _fresh(branches):
-    return [Branch(b.request_id, b.index, b.prompt, b.namespace, b.arrival, b.max_new_tokens) for b in branches]
+    return [Branch(b.request_id, b.index, b.prompt, b.namespace, b.arrival, b.max_new_tokens, priority=b.priority)
+            for b in branches]
 
 
 def _assert_feasible(s: Scheduler, batch: Batch) -> None:
@@ -98,6 +102,10 @@ def _drive(branches, arm, cfg, hybrid, per_round=None):
         now += res.host_time
         s.complete(batch, res, now)
         s.check_integrity()
+        claims = s.claims
+        if claims is not None and claims.reserved_rows:
+            # Something that stays was admitted past D_t: the rows D_t had then are still free at t+1.
+            assert len(s.running) + claims.reserved_deferred <= cfg.max_num_seqs, "a deferred branch lost its row"
     else:
         raise AssertionError("did not finish")
     return s
@@ -135,8 +143,16 @@ def test_prefix_stop_batch_is_subset_of_state_ready_and_no_avoidable_bubble(bran
             rows = cfg.max_num_seqs - b_sr.num_rows
             tokens = cfg.max_num_batched_tokens - b_sr.num_tokens
             for b in sr.waiting:
-                outcome, _, _ = sr._check(b, rows, tokens)
+                # Rows held back for D_t's reservation (SPEC §12) are not a bubble.
+                outcome, _, _ = sr._check(b, rows, tokens, claims=sr.claims)
                 assert outcome is not Outcome.READY, "avoidable bubble: a Ready branch was left out"
+        # Blocked groups recognised by one key decide exactly as a lookup per branch would.
+        full = copy.deepcopy(s)
+        full.arm = get_arm("radixflow")
+        with mock.patch.object(BlockedGroups, "find", lambda self, b: None):
+            b_full = full.schedule(now)
+        assert [f.branch.uid for f in b_full.fragments] == [f.branch.uid for f in b_sr.fragments]
+        assert (b_full.deferred, b_full.stop_reason) == (b_sr.deferred, b_sr.stop_reason)
         checked.append(len(sel_sr) - len(sel_ps))
 
     _drive(_fresh(branches), "radixflow", cfg, hybrid, per_round=compare)

@@ -29,12 +29,18 @@ def test_roundtrip_and_tokens_form(tmp_path):
     assert brs[1].prompt == (1, 2, 3) and len(brs[0].prompt) == 10
 
 
+def test_priority_is_optional_and_kept(tmp_path):
+    p = _write(tmp_path, [GOOD, {**GOOD, "branch": 1, "priority": -2}])
+    assert [b.priority for b in load_trace(p)] == [0, -2]
+
+
 @pytest.mark.parametrize("bad,msg", [
     ({k: v for k, v in GOOD.items() if k != "arrival"}, "missing field 'arrival'"),
     ({**GOOD, "segments": [{"id": "d", "len": -3}]}, "negative"),
     ({**GOOD, "max_new_tokens": 0}, "max_new_tokens"),
     ({**GOOD, "arrival": -1}, "arrival"),
     ({**GOOD, "tokens": [1]}, "exactly one"),
+    ({**GOOD, "priority": "high"}, "priority"),
 ])
 def test_bad_lines_name_the_problem(tmp_path, bad, msg):
     p = _write(tmp_path, [bad])

@@ -75,6 +75,7 @@ class RadixIndex:
         self.ghosts = Ghosts()  # what eviction took, so a later miss can be blamed on it
         self.evicted_pages = 0
         self.evicted_snapshots = 0
+        self.num_locked_pages = 0  # pages in nodes with lock_ref > 0 (kept on lock/unlock)
 
     # ------------------------------------------------------------------ public API
     def match(self, hashes: list[int], max_pages: int | None = None) -> Match:
@@ -91,6 +92,63 @@ class RadixIndex:
         if lo == 0:
             return Match(0, None)
         return Match(lo * self.block_size, by_hash[hashes[lo - 1]])
+
+    def match_tokens(self, namespace: str, tokens, max_pages: int) -> tuple[Match, list[int]]:
+        """Longest cached prefix (pending pages included) found by walking the tree with the tokens
+        themselves, with the chain hashes of the matched pages read from the nodes: a shared prefix is
+        compared once, never re-hashed. The match is token-exact (no collision can fool it)."""
+        bs = self.block_size
+        node = self._roots.get(namespace)
+        hashes: list[int] = []
+        depth, last, limit = 0, None, max_pages * bs
+        while node is not None and depth < limit:
+            child = node.children.get(tuple(tokens[depth : depth + bs]))
+            if child is None:
+                break
+            end = min(child.depth, limit)
+            key = child.key
+            if tuple(tokens[depth:end]) == (key if end == child.depth else key[: end - depth]):
+                hashes.extend(child.hashes[: (end - depth) // bs])
+                depth, last, node = end, child, child
+                if end == child.depth:
+                    continue
+                break
+            lo, hi = 1, (end - depth) // bs - 1  # pages matched in this node: the first one is known
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if tuple(tokens[depth : depth + mid * bs]) == key[: mid * bs]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            hashes.extend(child.hashes[:lo])
+            depth, last = depth + lo * bs, child
+            break
+        return Match(depth, last), hashes
+
+    def has_page(self, chain_hash: int) -> bool:
+        """True when a page with this chain hash is in the tree (pending pages included)."""
+        return chain_hash in self._by_hash
+
+    @property
+    def page_hashes(self):
+        """Read-only view of the chain hashes in the tree, for `in` tests in the scheduler's hot loop."""
+        return self._by_hash.keys()
+
+    @property
+    def num_evictable_pages(self) -> int:
+        """Tree pages no branch holds (what eviction may reclaim; pending pages are held by their producer)."""
+        return len(self._by_hash) - self.num_locked_pages
+
+    @property
+    def num_evictable_snapshots(self) -> int:
+        """Published snapshots (eviction may drop them unless a row restoring from one locks it)."""
+        return len(self._snap_nodes) - len(self._pending_snaps)
+
+    @staticmethod
+    def unlocked_pages_on_path(node: Node | None) -> int:
+        """Pages on the path to `node` that no branch holds yet (a lock on `node` takes them out of
+        the evictable set)."""
+        return sum(len(n.pages) for n in node.path() if n.lock_ref == 0) if node is not None else 0
 
     def boundary(self, m: Match, limit: int | None = None) -> Boundary:
         """Deepest snapshot boundary on the matched path at or below min(ĥ, limit)."""
@@ -120,10 +178,13 @@ class RadixIndex:
         """True when the matched path's tokens in [start, ĥ) equal `tokens` there (guards against a
         chain-hash collision, which the hash lookup alone cannot see)."""
         node = m.node
-        while node is not None and not node.is_root and node.depth > start:
-            lo, hi = max(node.start, start), min(node.depth, m.depth)
-            if hi > lo and tuple(tokens[lo:hi]) != node.key[lo - node.start : hi - node.start]:
-                return False
+        while node is not None and node.parent is not None and node.depth > start:
+            first = node.depth - len(node.key)
+            lo, hi = max(first, start), min(node.depth, m.depth)
+            if hi > lo:
+                key = node.key if lo == first and hi == node.depth else node.key[lo - first : hi - first]
+                if tuple(tokens[lo:hi]) != key:
+                    return False
             node = node.parent
         return True
 
@@ -140,7 +201,10 @@ class RadixIndex:
         while node is not None and not node.is_root:
             chunks.append(node.pages)
             node = node.parent
-        return [p for chunk in reversed(chunks) for p in chunk]
+        out: list[int] = []
+        for chunk in reversed(chunks):
+            out += chunk
+        return out
 
     def insert(self, namespace: str, tokens, hashes: list[int], page_table: list[int], num_pages: int,
                now: float) -> tuple[Node, int]:
@@ -163,8 +227,7 @@ class RadixIndex:
         parent.children[key[:bs]] = node
         self._leaves.discard(parent)
         self._leaves.add(node)
-        for h in node.hashes:
-            self._by_hash[h] = node
+        self._by_hash.update(dict.fromkeys(node.hashes, node))
         self._pending_nodes.append(node)
         return node, have
 
@@ -283,18 +346,25 @@ class RadixIndex:
         self._pending_snaps.clear()
 
     def lock(self, node: Node | None) -> None:
-        for n in node.path() if node is not None else ():
-            n.lock_ref += 1
+        while node is not None and node.parent is not None:
+            if node.lock_ref == 0:
+                self.num_locked_pages += len(node.pages)
+            node.lock_ref += 1
+            node = node.parent
 
     def unlock(self, node: Node | None) -> None:
-        for n in node.path() if node is not None else ():
-            n.lock_ref -= 1
-            assert n.lock_ref >= 0, "lock_ref below zero"
+        while node is not None and node.parent is not None:
+            node.lock_ref -= 1
+            assert node.lock_ref >= 0, "lock_ref below zero"
+            if node.lock_ref == 0:
+                self.num_locked_pages -= len(node.pages)
+            node = node.parent
 
     def touch(self, node: Node | None, now: float) -> None:
         """A hit refreshes the whole matched path (node-level LRU)."""
-        for n in node.path() if node is not None else ():
-            n.last_access = now
+        while node is not None and node.parent is not None:
+            node.last_access = now
+            node = node.parent
 
     def touch_snapshot(self, snap: Snapshot, now: float) -> None:
         """A restore refreshes the snapshot's recency (the snapshot LRU order is kept incrementally)."""
@@ -375,6 +445,7 @@ class RadixIndex:
                 assert n in self._snap_nodes
         tail_pages = self._check_tails(nodes, pages, slots)
         assert len(self._by_hash) == sum(len(n.hashes) for n in nodes), "stale hashes in the index"
+        assert self.num_locked_pages == sum(len(n.pages) for n in nodes if n.lock_ref), "locked-page count drift"
         assert len(self._snap_nodes) + len(self._tails) == len(slots), "stale snapshot set"
         pages |= tail_pages
         assert not (pages & self.pages.free_ids()), "a tree page is also free"
@@ -474,8 +545,7 @@ class RadixIndex:
         node.hashes = node.hashes[k:]
         node.parent = top
         top.children[node.key[:bs]] = node
-        for h in top.hashes:
-            self._by_hash[h] = top
+        self._by_hash.update(dict.fromkeys(top.hashes, top))
         if top.pending:
             self._pending_nodes.append(top)
         return top

@@ -24,6 +24,7 @@ class Branch:
     arrival: float = 0.0
     max_new_tokens: int = 1
     stop_token_ids: frozenset[int] = frozenset()
+    priority: int = 0  # lower runs first (vLLM's convention); ties go by arrival (uid) order
     uid: int = -1  # set by the scheduler when added; unique and increasing in native order
     state: BranchState = BranchState.HELD
     output: list[int] = field(default_factory=list)
@@ -50,6 +51,9 @@ class Branch:
             raise ValueError(f"branch {self.request_id}/{self.index}: empty prompt")
         if self.max_new_tokens < 1:
             raise ValueError(f"branch {self.request_id}/{self.index}: max_new_tokens must be >= 1")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise ValueError(f"branch {self.request_id}/{self.index}: priority must be an integer, "
+                             f"got {self.priority!r}")
 
     @property
     def key(self) -> tuple[str, int]:

@@ -6,6 +6,7 @@ simulator and the real engine drive the same object through `add / admit / sched
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -16,7 +17,9 @@ from radixflow.config import SchedulerConfig
 from radixflow.core.batch import Batch, ExecResult, Fragment, Outcome
 from radixflow.core.branch import Branch, BranchState
 from radixflow.core.checkpoints import BranchPoints, attach_exact_end, capture_exact
+from radixflow.core.claims import Claims, finishes_now
 from radixflow.core.integrity import check_scheduler, holds_nothing
+from radixflow.core.lookup import Arrival, BlockedGroups, arrival_hashes
 from radixflow.core.misses import at_first_selection
 from radixflow.core.policies import AdmissionView, Arm
 
@@ -36,6 +39,12 @@ class _Track:
     level: int = 0  # dependency depth of the branch's last fragment
     verified: int = 0  # depth up to which a match was checked token by token
     no_cache: bool = False  # a hash collision was detected: this branch neither reads nor writes the cache
+    seq: int = 0  # place in the waiting queue among equal priorities (uid; preempted: before every uid)
+    # While waiting: the chain hash at the last match's depth ĥ and of the page after it (None past the
+    # prompt). A branch whose key was found Blocked this round, and whose next page is still not in the
+    # tree, has the same path and ĥ: it is Blocked without a lookup of its own.
+    group_key: int | None = None
+    next_hash: int | None = None
 
 
 class _Plan(NamedTuple):
@@ -86,7 +95,10 @@ class Scheduler:
         self.blocked_total = 0
         self.preemptions = 0
         self.max_level = 0  # dependency depth D of the fragments placed so far
+        self.claims: Claims | None = None  # the last scan's reservation for D_t (None: nothing deferred)
         self._next_uid = 0
+        self._front_seq = 0
+        self._last_arrival: Arrival | None = None  # for hash reuse between siblings
         self._deadline: float | None = None
 
     # ================================================================== public API
@@ -103,7 +115,17 @@ class Scheduler:
             raise ValueError(f"branch {branch.key} needs more cache memory than the {budget.total} bytes there are")
         branch.uid = self._next_uid
         self._next_uid += 1
-        branch.sched = _Track()
+        branch.sched = tr = _Track()
+        if self.config.enable_prefix_caching:  # hashed once on arrival, as vLLM's request block hasher
+            arrival, tr.verified, tr.no_cache = arrival_hashes(self.index, branch.namespace, branch.prompt,
+                                                               self._last_arrival)
+            if not tr.no_cache:
+                self._last_arrival = arrival
+                tr.hashes = arrival.hashes
+                k, max_pages = arrival.shared, (branch.num_tokens - 1) // self.block_size
+                if 0 < k <= max_pages:  # first guess of its group key: where it leaves its sibling
+                    tr.group_key = tr.hashes[k - 1]
+                    tr.next_hash = tr.hashes[k] if k < max_pages else None
         self.held.append(branch)
 
     def admit(self, now: float) -> float | None:
@@ -117,7 +139,7 @@ class Scheduler:
         for b in self.held[:n]:
             b.state = BranchState.WAITING
             b.admitted_at = now
-            self.waiting.append(b)
+            self._enqueue(b)
         del self.held[:n]
         return self._deadline
 
@@ -136,7 +158,7 @@ class Scheduler:
                 continue
             need = self._new_pages(b, b.num_computed_tokens + n)
             while not self._ensure_pages(need):
-                victim = self.running[-1]
+                victim = self._victim(i)
                 self._preempt(victim)
                 preempted = True
                 if victim is b:
@@ -219,42 +241,111 @@ class Scheduler:
 
     # ================================================================== the scan
     def _scan_waiting(self, batch: Batch, rows: int, tokens: int, now: float) -> None:
-        selected: set[int] = set()
-        frag_deferred: list[Branch] = []
-        for b in self.waiting:
-            outcome, plan, reason = self._check(b, rows, tokens)
+        waiting = self.waiting
+        taken: list[int] = []  # positions selected, removed after the scan (no queue rebuild)
+        frag_deferred: list[tuple[int, Branch]] = []
+        state_ready = self.arm.traversal.continue_after_blocked()
+        self.claims = claims = None
+        groups = BlockedGroups(self.index)
+        find, in_tree, blocked = groups.find, self.index.page_hashes, groups.by_key
+        bs, interval = self.block_size, self.interval
+        deferred = 0
+        for pos, b in enumerate(waiting):
+            if deferred and rows and tokens:
+                # A member of a group already Blocked this round: same path, same ĥ, same boundary.
+                # (The first test is `find`'s own, inlined: this loop may walk 10k Blocked branches.)
+                tr = b.sched
+                snap = blocked.get(tr.group_key)
+                if snap is not None:
+                    if tr.next_hash is not None and tr.next_hash in in_tree:
+                        snap = None
+                elif tr.group_key is None:
+                    snap = find(b)
+                if snap is not None:
+                    d = snap.depth
+                    # A chunk from a state boundary gets >= one interval when that many tokens are left.
+                    if (tokens < interval or d % interval) and self._chunk(d, b.num_tokens, tokens) == 0:
+                        batch.stop_reason = "tokens"
+                        break
+                    deferred += 1
+                    b.blocked_rounds += b.first_selected_at is None
+                    if claims.open:
+                        claims.defer(b, d)
+                    else:
+                        claims.deferred += 1
+                    continue
+            outcome, plan, reason = self._check(b, rows, tokens, claims=claims)
             if outcome is Outcome.READY:
                 self._select(b, plan, batch, now)
-                selected.add(b.uid)
+                taken.append(pos)
                 rows -= 1
                 tokens -= plan.num_tokens
+                if claims is not None:
+                    claims.carry(b, plan.start + plan.num_tokens)
                 continue
             if outcome is Outcome.BLOCKED:
-                batch.deferred += 1
-                self.blocked_total += 1
+                deferred += 1
                 b.blocked_rounds += b.first_selected_at is None
-                if self.arm.traversal.continue_after_blocked():
-                    continue
-                batch.stop_reason = "blocked"
-                break
+                if not state_ready:
+                    batch.stop_reason = "blocked"
+                    break
+                key = b.sched.group_key
+                if key is not None and not plan.snapshot.tail:  # a tail: members may part inside its page
+                    groups.add(key, plan.match.depth // bs, plan.snapshot)
+                if claims is None:
+                    self.claims = claims = self._new_claims(batch)
+                claims.defer(b, plan.start)
+                continue
             if reason == "short-fragment":
-                frag_deferred.append(b)
+                frag_deferred.append((pos, b))
                 continue
             batch.stop_reason = reason
             break
-        for b in frag_deferred:  # split only what nothing else could fill
-            outcome, plan, reason = self._check(b, rows, tokens, allow_split=True)
+        batch.deferred += deferred
+        self.blocked_total += deferred
+        for pos, b in frag_deferred:  # split only what nothing else could fill
+            outcome, plan, reason = self._check(b, rows, tokens, allow_split=True, claims=claims)
             if outcome is not Outcome.READY:
                 break
             self._select(b, plan, batch, now)
-            selected.add(b.uid)
+            taken.append(pos)
             rows -= 1
             tokens -= plan.num_tokens
-        if selected:
-            self.waiting = [b for b in self.waiting if b.uid not in selected]
+            if claims is not None:
+                claims.carry(b, plan.start + plan.num_tokens)
+        for pos in sorted(taken, reverse=True):
+            del waiting[pos]
 
-    def _check(self, b: Branch, rows: int, tokens: int, allow_split: bool = False):
-        """σ_t(b | B) at the scan position, plus the plan to select it."""
+    def _new_claims(self, batch: Batch) -> Claims:
+        """The reservation for D_t, opened at the first deferral with every row placed so far."""
+        cfg = self.config
+        claims = Claims(cfg.max_num_seqs, cfg.max_num_batched_tokens, self.block_size, self._chunk,
+                        slot_per_row=1 if self.hybrid else 0)
+        ends = {f.branch.uid: f.end for f in batch.fragments}
+        for b in self.running:  # placed this round or not (a running row the token budget left out)
+            claims.carry(b, ends.get(b.uid, b.num_computed_tokens))
+        return claims
+
+    def _claim_allows(self, claims: Claims, b: Branch, end: int, need: int, node: Node | None) -> bool:
+        """SPEC §12 for a Ready candidate past D: (a) it finishes now, or (b) it fits beside D's t+1 needs."""
+        if finishes_now(b, end):
+            return True
+        p, sl, idx = self.pages, self.slots, self.index
+        ev_pages, ev_snaps = idx.num_evictable_pages, idx.num_evictable_snapshots
+        take = need + idx.unlocked_pages_on_path(node)
+        bytes_check = None
+        if p.budget is not None:
+            room = p.budget.free + ev_pages * p.unit_bytes + ev_snaps * sl.unit_bytes
+
+            def bytes_check(pages: int, slots: int) -> bool:
+                return pages * p.unit_bytes + slots * sl.unit_bytes <= room
+        return claims.allows(b, end, take, p.num_free + ev_pages, sl.num_free + ev_snaps, bytes_check)
+
+    def _check(self, b: Branch, rows: int, tokens: int, allow_split: bool = False,
+               claims: Claims | None = None):
+        """σ_t(b | B) at the scan position, plus the plan to select it. A Blocked branch's plan holds
+        the pending snapshot it waits for and its start at t+1 (that snapshot's depth). With `claims`
+        (D_t is not empty), a Ready branch that would take D's t+1 capacity is Other ("claim")."""
         if rows == 0:
             return Outcome.OTHER, None, "rows"
         if tokens == 0:
@@ -271,7 +362,7 @@ class Scheduler:
                     return Outcome.OTHER, None, "tokens"
                 if b.first_selected_at is None and not b.blocked_rounds:
                     b.blocked_tokens = bd.blocking.depth - bd.ready
-                return Outcome.BLOCKED, None, "blocked"
+                return Outcome.BLOCKED, _Plan(m, bd.blocking.depth, 0, bd.blocking), "blocked"
             start, snapshot = bd.ready, bd.ready_snapshot
         else:
             start = m.depth
@@ -281,16 +372,22 @@ class Scheduler:
         if self.arm.frag and not allow_split:
             if n < self._chunk(start, b.num_tokens, self.config.max_num_batched_tokens):
                 return Outcome.OTHER, None, "short-fragment"
-        # Hold the matched path while making room, so eviction cannot take what we matched.
         node = m.node if start else None
-        self.index.lock(node)
-        if snapshot is not None:
-            snapshot.lock += 1
         need = -(-(start + n) // self.block_size) - start // self.block_size
-        ok = self._ensure(need, 1 if self.hybrid else 0)
-        self.index.unlock(node)
-        if snapshot is not None:
-            snapshot.lock -= 1
+        if claims is not None and claims.active and not self._claim_allows(claims, b, start + n, need, node):
+            return Outcome.OTHER, None, "claim"
+        slots = 1 if self.hybrid else 0
+        if self.pages.budget is None and need <= self.pages.num_free and slots <= self.slots.num_free:
+            ok = True  # room without evicting anything
+        else:
+            # Hold the matched path while making room, so eviction cannot take what we matched.
+            self.index.lock(node)
+            if snapshot is not None:
+                snapshot.lock += 1
+            ok = self._ensure(need, slots)
+            self.index.unlock(node)
+            if snapshot is not None:
+                snapshot.lock -= 1
         if not ok:
             return Outcome.OTHER, None, "memory"
         return Outcome.READY, _Plan(m, start, n, snapshot), None
@@ -307,6 +404,7 @@ class Scheduler:
                                           b.identity_hit, start, (b.blocked_rounds, b.blocked_tokens))
         b.state = BranchState.RUNNING
         self.running.append(b)
+        tr.group_key = tr.next_hash = None
         b.num_computed_tokens = start
         if start:
             node = plan.match.node
@@ -366,8 +464,7 @@ class Scheduler:
         if len(tr.hashes) < full:
             tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
         node, adopted = self.index.insert(b.namespace, b.tokens, tr.hashes, tr.page_table, full, now)
-        for p in tr.page_table[adopted:full]:
-            tr.private.discard(p)
+        tr.private.difference_update(tr.page_table[adopted:full])
         if node is not tr.node:
             self.index.lock(node)
             self.index.unlock(tr.node)
@@ -483,16 +580,18 @@ class Scheduler:
         b.num_preemptions += 1
         self.preemptions += 1
         b.state = BranchState.WAITING
-        self.waiting.insert(0, b)
+        self._enqueue(b, front=True)
 
     # ================================================================== helpers
     def _match(self, b: Branch) -> Match:
         tr: _Track = b.sched
+        tr.group_key = tr.next_hash = None
         if not self.config.enable_prefix_caching or tr.no_cache:
             return Match(0, None)
-        max_pages = (b.num_tokens - 1) // self.block_size
+        bs = self.block_size
+        max_pages = (b.num_tokens - 1) // bs
         if len(tr.hashes) < max_pages:
-            tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
+            tr.hashes = chain_hashes(b.namespace, b.tokens, bs, tr.hashes)
         m = self.index.match(tr.hashes, max_pages)
         if m.depth > tr.verified:
             # Hashes find the match; tokens confirm it (once per new depth: the tree only loses tails).
@@ -500,6 +599,10 @@ class Scheduler:
                 tr.no_cache = True  # a 64-bit chain-hash collision: run this branch uncached
                 return Match(0, None)
             tr.verified = m.depth
+        k = m.depth // bs
+        if k:
+            tr.group_key = tr.hashes[k - 1]
+            tr.next_hash = tr.hashes[k] if k < max_pages else None
         return m
 
     def _demand(self, b: Branch) -> int:
@@ -538,6 +641,27 @@ class Scheduler:
             if n < total - start or (self.chunk_end and start < aligned < start + n):
                 n = aligned - start
         return max(n, 0)
+
+    def _enqueue(self, b: Branch, front: bool = False) -> None:
+        """Puts `b` in the waiting queue by (priority, seq): arrival order within a priority; a
+        preempted branch goes before every branch of its priority (vLLM's FCFS prepend)."""
+        tr: _Track = b.sched
+        if front:
+            self._front_seq -= 1
+            tr.seq = self._front_seq
+        else:
+            tr.seq = b.uid
+        w = self.waiting
+        if not w or (w[-1].priority, w[-1].sched.seq) <= (b.priority, tr.seq):
+            w.append(b)  # the common case: an arrival behind everything of its priority
+        else:
+            bisect.insort(w, b, key=lambda x: (x.priority, x.sched.seq))
+
+    def _victim(self, first: int) -> Branch:
+        """The running branch to preempt: the lowest priority (largest value), newest started among
+        equals, and never one already placed in this round (running[:first])."""
+        run = self.running
+        return run[max(range(first, len(run)), key=lambda j: (run[j].priority, j))]
 
     def _new_pages(self, b: Branch, end: int) -> int:
         return max(0, -(-end // self.block_size) - len(b.sched.page_table))

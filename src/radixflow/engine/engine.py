@@ -69,6 +69,7 @@ class Engine:
         self.scheduler = Scheduler(sc, get_arm(config.policy), model.is_hybrid)
         self.now = 0.0
         self.requests: dict[str, LogicalRequest] = {}
+        self._grammar_compiler = None
 
     @property
     def tokenizer(self):
@@ -79,7 +80,7 @@ class Engine:
         return self.loaded.model.vocab_size
 
     def make_branch(self, request_id: str, index: int, prompt: list[int], params: SamplingParams,
-                    namespace: str = "", arrival: float | None = None) -> Branch:
+                    namespace: str = "", arrival: float | None = None, priority: int = 0) -> Branch:
         if not prompt:
             raise ValueError("empty prompt")
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
@@ -88,13 +89,27 @@ class Engine:
         if len(prompt) + params.max_tokens > self.config.max_model_len:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                              f"max_model_len {self.config.max_model_len}")
+        params.check_vocab(self.vocab_size)
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops.update(self.loaded.model.eos_token_ids)
+        if params.prompt_logprobs is not None:
+            # every prompt position must run through the model: no prefix hit, not even a sibling's
+            namespace = f"{namespace}\x00prompt_logprobs:{request_id}/{index}"
         b = Branch(request_id, index, tuple(prompt), namespace, self.now if arrival is None else arrival,
                    params.max_tokens, frozenset(stops))
-        b.user_data = RequestState(params, self.cache.device)
+        b.priority = priority
+        b.user_data = RequestState(params, self.cache.device, frozenset(stops))
         return b
+
+    @property
+    def grammar_compiler(self):
+        """xgrammar over this model's tokenizer and vocabulary, built on first use."""
+        if self._grammar_compiler is None:
+            from radixflow.engine.structured import GrammarCompiler
+
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size)
+        return self._grammar_compiler
 
     def add(self, branches: list[Branch]) -> LogicalRequest:
         req = LogicalRequest(branches[0].request_id, branches, min(b.arrival for b in branches))

@@ -8,7 +8,15 @@ import torch
 
 from radixflow.core.batch import Batch, ExecResult, Sample
 from radixflow.engine.models.cache import ModelCache, RowInput
-from radixflow.engine.sampling import Sampler, SamplingParams, make_generator
+from radixflow.engine.sampling import (
+    RowContext,
+    Sampler,
+    SamplingParams,
+    first_stop,
+    make_generator,
+    top_logprobs,
+)
+from radixflow.engine.structured import GrammarState
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 
@@ -16,12 +24,17 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 class RequestState:
     """Executor-private data a branch carries (`Branch.user_data`): sampling params and generator."""
 
-    def __init__(self, params: SamplingParams, device: str | torch.device = "cpu") -> None:
+    def __init__(self, params: SamplingParams, device: str | torch.device = "cpu",
+                 stop_token_ids: frozenset[int] = frozenset()) -> None:
         self.params = params
         self.generator = make_generator(params, device) if not params.greedy else None
+        self.grammar = GrammarState(params.grammar) if params.grammar is not None else None
+        self.stop_token_ids = stop_token_ids  # what min_tokens suppresses (EOS unless ignored + stop ids)
         self.logprobs: list[float | None] = []
         self.top_logprobs: list[list[tuple[int, float]] | None] = []
         self.prompt_logits: torch.Tensor | None = None
+        # position q >= 1 -> (logprob of prompt[q], its rank, top-k pairs), filled as prefill runs
+        self.prompt_logprobs: dict[int, tuple[float, int, list[tuple[int, float]]]] = {}
 
 
 class EngineExecutor:
@@ -36,12 +49,19 @@ class EngineExecutor:
     def execute(self, batch: Batch) -> ExecResult:
         t0 = time.perf_counter()
         rows = []
-        sampling = []
+        sampling = []  # (fragment index, row of `logits`)
+        prompt_rows = []  # (fragment index, first row of `logits`, local positions)
+        n_logits = 0
         for i, f in enumerate(batch.fragments):
-            rows.append(RowInput(list(f.token_ids), f.start, f.page_table, f.state_in, list(f.state_out),
-                                 [f.num_tokens - 1] if f.samples else []))
+            at = self._prompt_positions(f)
+            if at:
+                prompt_rows.append((i, n_logits, at))
+            if f.samples and (not at or at[-1] != f.num_tokens - 1):
+                at = at + [f.num_tokens - 1]
             if f.samples:
-                sampling.append(i)
+                sampling.append((i, n_logits + len(at) - 1))
+            n_logits += len(at)
+            rows.append(RowInput(list(f.token_ids), f.start, f.page_table, f.state_in, list(f.state_out), at))
         for f in batch.fragments:  # a resume inside a page starts from a copy of that page's K/V
             for src, dst in f.copies_before:
                 self.cache.copy_page(src, dst)
@@ -49,22 +69,52 @@ class EngineExecutor:
         for f in batch.fragments:  # an exact-depth checkpoint keeps its own copy of the partial page
             for src, dst in f.copies_after:
                 self.cache.copy_page(src, dst)
+        for i, first, at in prompt_rows:
+            self._record_prompt_logprobs(batch.fragments[i], logits[first:first + len(at)], at)
         samples: dict[int, Sample] = {}
         if sampling:
-            states = [self._state(batch.fragments[i].branch) for i in sampling]
-            out = self.sampler(logits, [s.params for s in states], [s.generator for s in states])
-            for j, i in enumerate(sampling):
-                b = batch.fragments[i].branch
-                st = states[j]
+            branches = [batch.fragments[i].branch for i, _ in sampling]
+            states = [self._state(b) for b in branches]
+            contexts = [RowContext(b.prompt, b.output, st.stop_token_ids, st.grammar)
+                        for b, st in zip(branches, states)]
+            rows_logits = logits[[r for _, r in sampling]]
+            out = self.sampler(rows_logits, [s.params for s in states], [s.generator for s in states], contexts)
+            for j, (i, _) in enumerate(sampling):
+                b, st, token = branches[j], states[j], out.token_ids[j]
                 st.logprobs.append(out.logprobs[j])
                 st.top_logprobs.append(out.top_logprobs[j])
                 if self.keep_logits and st.prompt_logits is None:
-                    st.prompt_logits = logits[j].clone()
-                samples[i] = Sample(out.token_ids[j], out.logprobs[j], out.top_logprobs[j],
-                                    self._stop_string(b, out.token_ids[j], st.params))
+                    st.prompt_logits = rows_logits[j].clone()
+                reason = self._stop_string(b, token, st.params)
+                if st.grammar is not None:
+                    st.grammar.accept(token)
+                    if st.grammar.terminated:
+                        reason = reason or "stop"
+                samples[i] = Sample(token, out.logprobs[j], out.top_logprobs[j], reason)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return ExecResult(time.perf_counter() - t0, samples)
+
+    def _prompt_positions(self, f) -> list[int]:
+        """Local positions whose logits score the next prompt token, for branches asking for prompt
+        logprobs (positions already scored, e.g. before a preemption, are not asked again)."""
+        st = f.branch.user_data
+        if st is None or st.params.prompt_logprobs is None:
+            return []
+        last = min(f.end, f.branch.prompt_len - 1)  # position prompt_len - 1 predicts the output
+        return [p - f.start for p in range(f.start, last) if p + 1 not in st.prompt_logprobs]
+
+    def _record_prompt_logprobs(self, f, logits: torch.Tensor, at: list[int]) -> None:
+        st = f.branch.user_data
+        k = st.params.prompt_logprobs
+        logp = logits.float().log_softmax(-1)
+        prompt = f.branch.prompt
+        for row, j in enumerate(at):
+            q = f.start + j + 1
+            if q < len(prompt):
+                lp = logp[row, prompt[q]]
+                rank = int((logp[row] > lp).sum()) + 1
+                st.prompt_logprobs[q] = (float(lp), rank, top_logprobs(logp[row], k))
 
     def _state(self, branch) -> RequestState:
         if branch.user_data is None:
@@ -72,7 +122,10 @@ class EngineExecutor:
         return branch.user_data
 
     def _stop_string(self, branch, token: int, params: SamplingParams) -> str | None:
-        if not params.stop or self.tokenizer is None:
+        if not params.stop or self.tokenizer is None or len(branch.output) + 1 < params.min_tokens:
             return None
-        text = self.tokenizer.decode(list(branch.output) + [token])
-        return "stop" if any(s in text for s in params.stop) else None
+        out = list(branch.output) + [token]
+        text = self.tokenizer.decode(out, params.skip_special_tokens)
+        floor = len(self.tokenizer.decode(out[:params.min_tokens - 1], params.skip_special_tokens)) \
+            if params.min_tokens > 1 else 0
+        return "stop" if first_stop(text, params.stop, floor) else None

@@ -91,26 +91,49 @@ class Tokenizer:
     def eos_token_id(self) -> int | None:
         return self.eos_token_ids[0] if self.eos_token_ids else None
 
+    @property
+    def backend(self) -> HFTokenizer:
+        """The wrapped `tokenizers.Tokenizer` (structured output reads its vocabulary)."""
+        return self._tok
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS...)."""
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render messages ({'role', 'content'}) with the directory's template, or ChatML."""
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                            template: str | None = None, continue_final_message: bool = False,
+                            **kwargs: Any) -> str:
+        """Render messages ({'role', 'content'}) with `template`, the directory's template, or ChatML.
+
+        `continue_final_message` leaves the last message open (the text ends with its content, as
+        transformers does it) so the model continues it; `kwargs` are extra template variables."""
         for i, m in enumerate(messages):
             if "role" not in m or "content" not in m:
                 raise ValueError(f"message {i} needs 'role' and 'content' keys, got {sorted(m)}")
-        template = _compile(self.chat_template or CHATML_TEMPLATE)
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               eos_token=self._tok.id_to_token(self.eos_token_id or 0))
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        compiled = _compile(template or self.chat_template or CHATML_TEMPLATE)
+        variables = {"eos_token": self._tok.id_to_token(self.eos_token_id or 0), **kwargs}
+        text = compiled.render(**variables, messages=messages, add_generation_prompt=add_generation_prompt)
+        if continue_final_message:
+            final = str(messages[-1]["content"]).strip()
+            cut = text.rfind(final)
+            if not final or cut < 0:
+                raise ValueError("continue_final_message: the rendered prompt does not contain the final "
+                                 "message's content")
+            text = text[:cut + len(final)]
+        return text
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                    add_special_tokens: bool = False, **kwargs: Any) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, **kwargs),
+                           add_special_tokens)
 
 
 def _compile(source: str):

@@ -59,6 +59,9 @@ def _from_validation(exc: RequestValidationError) -> APIError:
     if param == "prompt" and first.get("type") != "missing":
         return bad_request("prompt must be a string, a list of strings, a list of token ids or a list of "
                            "token-id lists", "prompt")
+    if first.get("type") == "extra_forbidden":  # refused, not silently ignored (server/protocol.py)
+        return bad_request(f"{param}: unknown field, not supported by radixflow (docs/server.md lists "
+                           "the fields it accepts)", param)
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return bad_request(f"{param or 'body'}: {first.get('msg', 'invalid value')}{more}", param or None)
 

@@ -8,25 +8,39 @@ longest suffix that could still grow into a stop string, and cuts the text at th
 from __future__ import annotations
 
 from radixflow.core.branch import Branch
+from radixflow.engine.sampling import first_stop
 
 
 class TextStream:
-    def __init__(self, tokenizer, stop: list[str], prefix: str = "") -> None:
+    def __init__(self, tokenizer, stop: list[str], prefix: str = "", include_stop: bool = False,
+                 skip_special_tokens: bool = True, min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
         self.prefix = prefix  # echoed prompt text, sent before the first output text
+        self.include_stop = include_stop  # include_stop_str_in_output
+        self.skip_special_tokens = skip_special_tokens
+        self.min_tokens = min_tokens  # stop strings count only once they end past this many tokens
         self.first = True
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.token_ids: list[int] = []
         self.sent = 0
         self.stopped = False
+        self.stop_hit: str | None = None  # the stop string that ended the text (stop_reason)
+        self._floor: int | None = 0 if min_tokens <= 1 else None
 
     def full_text(self) -> str:
-        text = self.tokenizer.decode(self.token_ids)
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
-        if cut >= 0:
-            self.stopped = True
-            return text[:cut]
+        text = self.tokenizer.decode(self.token_ids, self.skip_special_tokens)
+        if not self.stop:
+            return text
+        if self._floor is None:
+            if len(self.token_ids) < self.min_tokens - 1:
+                return text
+            self._floor = len(self.tokenizer.decode(self.token_ids[:self.min_tokens - 1], self.skip_special_tokens))
+        hit = first_stop(text, self.stop, self._floor)
+        if hit:
+            cut, s = hit
+            self.stopped, self.stop_hit = True, s
+            return text[:cut + len(s)] if self.include_stop else text[:cut]
         return text
 
     def push(self, token_ids: list[int]) -> str:
@@ -64,15 +78,18 @@ def token_str(tokenizer, token_id: int, as_id: bool = False) -> str:
 
 def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[float | None],
                         top: list[list[tuple[int, float]] | None], offset: int = 0,
-                        prompt_ids: list[int] | None = None, as_ids: bool = False) -> dict:
-    """The legacy completions `logprobs` object; echoed prompt tokens get null logprobs."""
+                        prompt_ids: list[int] | None = None, as_ids: bool = False,
+                        prompt_lps: dict | None = None) -> dict:
+    """The legacy completions `logprobs` object; echoed prompt tokens carry their prompt logprobs
+    (`RequestState.prompt_logprobs`; the first prompt token has none)."""
     tokens, lps, tops, offsets = [], [], [], []
     pos = offset
-    for t in prompt_ids or []:
+    for q, t in enumerate(prompt_ids or []):
         s = token_str(tokenizer, t, as_ids)
+        entry = (prompt_lps or {}).get(q)
         tokens.append(s)
-        lps.append(None)
-        tops.append(None)
+        lps.append(None if entry is None else entry[0])
+        tops.append(None if entry is None else {token_str(tokenizer, i, as_ids): v for i, v in entry[2]})
         offsets.append(pos)
         pos += len(s)
     for t, lp, tp in zip(token_ids, logprobs, top):
@@ -97,6 +114,38 @@ def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[float | None],
         e["top_logprobs"] = [entry(i, v) for i, v in tp or []]
         content.append(e)
     return {"content": content}
+
+
+def prompt_logprobs(tokenizer, prompt: list[int], entries: dict, as_ids: bool = False) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: None for the first token, then per position {token id: {logprob,
+    rank, decoded_token}} for the prompt token and the top-k."""
+    out: list[dict | None] = [None]
+    for q in range(1, len(prompt)):
+        entry = entries.get(q)
+        if entry is None:
+            out.append(None)
+            continue
+        lp, rank, top = entry
+        pos = {str(prompt[q]): {"logprob": lp, "rank": rank, "decoded_token": token_str(tokenizer, prompt[q], as_ids)}}
+        for r, (t, v) in enumerate(top, 1):
+            pos.setdefault(str(t), {"logprob": v, "rank": r, "decoded_token": token_str(tokenizer, t, as_ids)})
+        out.append(pos)
+    return out
+
+
+def stop_reason(branch: Branch, text: TextStream) -> str | int | None:
+    """vLLM's `stop_reason`: the stop string or the stop token id (not EOS) that ended the branch;
+    None for EOS, a completed grammar, or a length cut."""
+    if branch.finish_reason != "stop":
+        return None
+    if text.stop_hit is not None:
+        return text.stop_hit
+    params = getattr(branch.user_data, "params", None)
+    last = branch.output[-1] if branch.output else None
+    if params is None or last not in params.stop_token_ids:
+        return None
+    eos = set(getattr(text.tokenizer, "eos_token_ids", ()))
+    return last if params.ignore_eos or last not in eos else None
 
 
 def usage(branches: list[Branch]) -> dict:

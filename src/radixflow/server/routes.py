@@ -17,11 +17,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixflow.core.branch import Branch
 from radixflow.engine.engine import Engine
-from radixflow.engine.sampling import SamplingParams
+from radixflow.server import params as rp
 from radixflow.server.engine_loop import Delta, Failed, Finished
 from radixflow.server.errors import bad_request
 from radixflow.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from radixflow.server.render import TextStream, chat_logprobs, completion_logprobs, finish_reason, usage
+from radixflow.server.render import (
+    TextStream,
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    prompt_logprobs,
+    stop_reason,
+    usage,
+)
 from radixflow.server.tracking import ClientGone, TrackedRequest
 
 router = APIRouter()
@@ -33,49 +41,78 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     server = request.app.state.server
     eng = server.engine_for(body.model)
     tok = eng.tokenizer
-    prompts = [tok.encode(p) if isinstance(p, str) else list(p) for p in body.prompt_list()]
+    rp.refuse_unsupported(body)
+    prompts = [tok.encode(p, body.add_special_tokens) if isinstance(p, str) else list(p)
+               for p in body.prompt_list()]
     if not prompts:
         raise bad_request("prompt must not be empty", "prompt")
-    rid = f"cmpl-{uuid.uuid4().hex}"
-    branches = _branches(eng, rid, prompts, body, body.max_tokens, body.logprobs)
+    prompts = [rp.truncate(p, body, eng.config.max_model_len) for p in prompts]
+    rid = _request_id("cmpl", body)
+    echo_lp = body.echo and body.logprobs is not None  # echoed tokens carry their prompt logprobs
+    plp = body.prompt_logprobs if body.prompt_logprobs is not None else (body.logprobs if echo_lp else None)
+    build = rp.ParamsBuilder(body, eng, body.max_tokens, body.logprobs, plp)
+    branches = _branches(eng, rid, prompts, body, build)
     meta = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": server.model_name}
     texts = {b.index: _text_stream(tok, body, prompts[b.index // body.n] if body.echo else None)
              for b in branches}
     tracked = TrackedRequest(server.loop, request, rid, branches, body.stream)  # from here on: abort on exit
     if body.stream:
-        return _sse(tracked, server, "/v1/completions", lambda ev: _completion_chunks(ev, texts, body, meta))
+        by_index = {b.index: b for b in branches}
+        chunks = lambda ev: _completion_chunks(ev, texts, body, meta, prompts, by_index)  # noqa: E731
+        return _sse(tracked, server, "/v1/completions", chunks)
     req = await _wait(tracked, server, "/v1/completions")
     if req is None:
         return Response(status_code=499)
     choices = []
     for b in req.branches:
         st = b.user_data
-        text = texts[b.index].push(list(b.output)) + texts[b.index].finish()
+        ts = texts[b.index]
+        text = ts.push(list(b.output)) + ts.finish()
+        prompt = prompts[b.index // body.n]
         lp = None
         if body.logprobs is not None:
-            echo_ids = prompts[b.index // body.n] if body.echo else None
-            lp = completion_logprobs(tok, list(b.output), st.logprobs, st.top_logprobs, 0, echo_ids,
-                                     body.return_tokens_as_token_ids)
-        choices.append({"index": b.index, "text": text, "logprobs": lp, "finish_reason": finish_reason(b)})
+            lp = completion_logprobs(tok, list(b.output), st.logprobs, st.top_logprobs, 0,
+                                     prompt if body.echo else None, body.return_tokens_as_token_ids,
+                                     st.prompt_logprobs)
+        choice = {"index": b.index, "text": text, "logprobs": lp, "finish_reason": finish_reason(b),
+                  "stop_reason": stop_reason(b, ts)}
+        if body.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs(tok, prompt, st.prompt_logprobs,
+                                                        body.return_tokens_as_token_ids)
+        if body.return_token_ids:
+            choice["prompt_token_ids"] = prompt
+            choice["token_ids"] = list(b.output)
+        choices.append(choice)
     return JSONResponse({**meta, "choices": choices, "usage": usage(req.branches)})
 
 
-def _completion_chunks(ev, texts: dict, body: CompletionRequest, meta: dict):
+def _completion_chunks(ev, texts: dict, body: CompletionRequest, meta: dict, prompts: list[list[int]],
+                       branches: dict[int, Branch]):
     if isinstance(ev, Delta):
         ts = texts[ev.index]
+        first = ts.first
         text = ts.push(ev.token_ids)
         lp = None
         if body.logprobs is not None:
+            echo_ids, plp = None, None
+            if first and body.echo:  # the echoed prompt comes with the first text; prefill is done, so
+                # its prompt logprobs are complete and the engine thread no longer writes them
+                echo_ids, plp = prompts[ev.index // body.n], branches[ev.index].user_data.prompt_logprobs
             lp = completion_logprobs(ts.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs,
-                                     as_ids=body.return_tokens_as_token_ids)
-        if text or lp is not None:
+                                     prompt_ids=echo_ids, as_ids=body.return_tokens_as_token_ids, prompt_lps=plp)
+        if text or lp is not None or body.return_token_ids:
             choice = {"index": ev.index, "text": text, "logprobs": lp, "finish_reason": None}
+            if body.return_token_ids:
+                choice["token_ids"] = ev.token_ids
+                if first:
+                    choice["prompt_token_ids"] = prompts[ev.index // body.n]
             yield {**meta, "choices": [choice]}
         return
     for b in ev.request.branches:
-        rest = texts[b.index].finish()
+        ts = texts[b.index]
+        rest = ts.finish()
         yield {**meta, "choices": [{"index": b.index, "text": rest, "logprobs": None,
-                                    "finish_reason": finish_reason(b)}]}
+                                    "finish_reason": finish_reason(b), "stop_reason": stop_reason(b, ts)}]}
     if body.include_usage:
         yield {**meta, "choices": [], "usage": usage(ev.request.branches)}
 
@@ -86,38 +123,61 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     server = request.app.state.server
     eng = server.engine_for(body.model)
     tok = eng.tokenizer
+    rp.refuse_unsupported(body)
     try:
-        prompt = tok.encode_chat(body.rendered_messages())
+        kwargs = body.template_kwargs()
+    except ValueError as e:
+        raise bad_request(str(e), "chat_template_kwargs") from e
+    try:
+        prompt_text = tok.apply_chat_template(body.rendered_messages(), body.add_generation_prompt,
+                                              body.chat_template, body.continue_final_message, **kwargs)
     except Exception as e:  # a template error is the request's fault (roles, order)
         raise bad_request(f"messages: the chat template failed: {e}", "messages") from e
+    prompt = rp.truncate(tok.encode(prompt_text, body.add_special_tokens), body, eng.config.max_model_len)
     max_tokens = body.max_completion_tokens or body.max_tokens
     if max_tokens is None:
         max_tokens = max(1, min(server.config.default_max_tokens, eng.config.max_model_len - len(prompt)))
-    k = body.top_logprobs or 0 if body.logprobs else None
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
-    branches = _branches(eng, rid, [prompt], body, max_tokens, k)
+    k = body.top_logprobs if body.logprobs else None
+    rid = _request_id("chatcmpl", body)
+    build = rp.ParamsBuilder(body, eng, max_tokens, k, body.prompt_logprobs)
+    branches = _branches(eng, rid, [prompt], body, build)
     meta = {"id": rid, "object": "chat.completion.chunk" if body.stream else "chat.completion",
             "created": int(time.time()), "model": server.model_name}
-    texts = {b.index: _text_stream(tok, body, None) for b in branches}
+    last = body.messages[-1]
+    echo = last.text() if body.echo and last.role == "assistant" else ""  # vLLM: echo the open assistant turn
+    texts = {b.index: _text_stream(tok, body, None, echo) for b in branches}
     tracked = TrackedRequest(server.loop, request, rid, branches, body.stream)
     if body.stream:
-        return _sse(tracked, server, "/v1/chat/completions", lambda ev: _chat_chunks(ev, texts, body, meta))
+        chunks = lambda ev: _chat_chunks(ev, texts, body, meta, prompt, prompt_text)  # noqa: E731
+        return _sse(tracked, server, "/v1/chat/completions", chunks)
     req = await _wait(tracked, server, "/v1/chat/completions")
     if req is None:
         return Response(status_code=499)
     choices = []
     for b in req.branches:
         st = b.user_data
+        ts = texts[b.index]
         lp = None
         if body.logprobs:
             lp = chat_logprobs(tok, list(b.output), st.logprobs, st.top_logprobs, body.return_tokens_as_token_ids)
-        text = texts[b.index].push(list(b.output)) + texts[b.index].finish()
-        choices.append({"index": b.index, "message": {"role": "assistant", "content": text},
-                        "logprobs": lp, "finish_reason": finish_reason(b)})
-    return JSONResponse({**meta, "choices": choices, "usage": usage(req.branches)})
+        text = ts.push(list(b.output)) + ts.finish()
+        choice = {"index": b.index, "message": {"role": "assistant", "content": text},
+                  "logprobs": lp, "finish_reason": finish_reason(b), "stop_reason": stop_reason(b, ts)}
+        if body.return_token_ids:
+            choice["token_ids"] = list(b.output)
+        choices.append(choice)
+    out = {**meta, "choices": choices, "usage": usage(req.branches)}
+    if body.prompt_logprobs is not None:
+        out["prompt_logprobs"] = prompt_logprobs(tok, prompt, req.branches[0].user_data.prompt_logprobs,
+                                                 body.return_tokens_as_token_ids)
+    if body.return_token_ids:
+        out["prompt_token_ids"] = prompt
+    if body.return_prompt_text:
+        out["prompt_text"] = prompt_text
+    return JSONResponse(out)
 
 
-def _chat_chunks(ev, texts: dict, body: ChatCompletionRequest, meta: dict):
+def _chat_chunks(ev, texts: dict, body: ChatCompletionRequest, meta: dict, prompt: list[int], prompt_text: str):
     if isinstance(ev, Delta):
         ts = texts[ev.index]
         first = ts.first
@@ -130,7 +190,14 @@ def _chat_chunks(ev, texts: dict, body: ChatCompletionRequest, meta: dict):
                                body.return_tokens_as_token_ids)
         if delta["content"] or lp is not None or "role" in delta:
             choice = {"index": ev.index, "delta": delta, "logprobs": lp, "finish_reason": None}
-            yield {**meta, "choices": [choice]}
+            if body.return_token_ids:
+                choice["token_ids"] = ev.token_ids
+            chunk = {**meta, "choices": [choice]}
+            if first and body.return_token_ids:
+                chunk["prompt_token_ids"] = prompt
+            if first and body.return_prompt_text:
+                chunk["prompt_text"] = prompt_text
+            yield chunk
         return
     for b in ev.request.branches:
         ts = texts[b.index]
@@ -139,44 +206,45 @@ def _chat_chunks(ev, texts: dict, body: ChatCompletionRequest, meta: dict):
         if first:
             delta = {"role": "assistant", **delta}
         yield {**meta, "choices": [{"index": b.index, "delta": delta, "logprobs": None,
-                                    "finish_reason": finish_reason(b)}]}
+                                    "finish_reason": finish_reason(b), "stop_reason": stop_reason(b, ts)}]}
     if body.include_usage:
         yield {**meta, "choices": [], "usage": usage(ev.request.branches)}
 
 
 # ====================================================================== shared
-def _branches(eng: Engine, rid: str, prompts: list[list[int]], body: SamplingFields, max_tokens: int,
-              logprobs: int | None) -> list[Branch]:
+def _request_id(prefix: str, body: SamplingFields) -> str:
+    """`{prefix}-{request_id}` when the client names the request (vLLM's field), else a fresh uuid."""
+    return f"{prefix}-{body.request_id or uuid.uuid4().hex}"
+
+
+def _branches(eng: Engine, rid: str, prompts: list[list[int]], body: SamplingFields,
+              build: rp.ParamsBuilder) -> list[Branch]:
     """One branch per prompt and choice, validated by the engine (vocabulary, max_model_len)."""
     branches = []
     now = time.monotonic()
+    ns = rp.namespace(body)
     for i, prompt in enumerate(prompts):
         if not prompt:
             raise bad_request(f"prompt {i} is empty" if len(prompts) > 1 else "prompt is empty", "prompt")
         for j in range(body.n):
-            params = _params(body, max_tokens, logprobs, j)
+            params = build.params(j)
             try:
-                branches.append(eng.make_branch(rid, len(branches), prompt, params, body.namespace, now))
+                branches.append(eng.make_branch(rid, len(branches), prompt, params, ns, now, body.priority))
             except ValueError as e:
-                param = "max_tokens" if "max_model_len" in str(e) else "prompt"
+                msg = str(e)
+                param = "max_tokens" if "max_model_len" in msg else "prompt"
+                if msg.startswith("SamplingParams."):
+                    msg = msg.removeprefix("SamplingParams.")
+                    param = msg.split(":", 1)[0]
                 where = f"prompt {i}: " if len(prompts) > 1 else ""
-                raise bad_request(f"{where}{e}", param) from e
+                raise bad_request(f"{where}{msg}", param) from e
     return branches
 
 
-def _params(body: SamplingFields, max_tokens: int, logprobs: int | None, choice: int) -> SamplingParams:
-    seed = None if body.seed is None else body.seed + choice
-    try:
-        return SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=seed,
-                              max_tokens=max_tokens, stop=body.stop_strings(),
-                              stop_token_ids=list(body.stop_token_ids), ignore_eos=body.ignore_eos,
-                              logprobs=logprobs)
-    except ValueError as e:
-        raise bad_request(str(e).replace("SamplingParams.", ""), None) from e
-
-
-def _text_stream(tok, body: SamplingFields, echo_ids: list[int] | None) -> TextStream:
-    return TextStream(tok, body.stop_strings(), tok.decode(echo_ids) if echo_ids else "")
+def _text_stream(tok, body: SamplingFields, echo_ids: list[int] | None, echo_text: str = "") -> TextStream:
+    prefix = tok.decode(echo_ids, body.skip_special_tokens) if echo_ids else echo_text
+    return TextStream(tok, body.stop_strings(), prefix, body.include_stop_str_in_output,
+                      body.skip_special_tokens, body.min_tokens)
 
 
 async def _wait(tracked: TrackedRequest, server, endpoint: str):

@@ -81,8 +81,11 @@ def branch_from_record(rec: dict, where: str = "trace", vocab: int = SEGMENT_VOC
         tokens = tokens_of(parsed, vocab)
         if not tokens:
             raise TraceError(f"{where}: the segments add up to an empty prompt")
+    priority = rec.get("priority", 0)  # optional: lower runs first (vLLM's convention)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise TraceError(f"{where}: 'priority' must be an integer, got {priority!r}")
     return Branch(str(rec["request_id"]), rec["branch"], tokens, namespace=str(rec["namespace"]),
-                  arrival=float(arrival), max_new_tokens=mnt)
+                  arrival=float(arrival), max_new_tokens=mnt, priority=priority)
 
 
 def read_jsonl(path: Path, error: type[ValueError] = ValueError):
@@ -118,4 +121,4 @@ def write_trace(path: str | Path, records: list[dict]) -> None:
 def fresh_copies(branches: list[Branch]) -> list[Branch]:
     """New, unscheduled branches with the same inputs (each arm needs its own)."""
     return [Branch(b.request_id, b.index, b.prompt, b.namespace, b.arrival, b.max_new_tokens,
-                   b.stop_token_ids) for b in branches]
+                   b.stop_token_ids, priority=b.priority) for b in branches]
