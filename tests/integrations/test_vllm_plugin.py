@@ -75,8 +75,9 @@ def test_a_blocked_consumer_whose_pages_do_not_fit_is_other_and_stops_the_scan(m
     assert set(step1.num_scheduled_tokens) == {"r0"} and step1.deferred == []
     # Proof that the page check decided it: calling r1 Blocked regardless lets r2 in.
     from radixflow.integrations.vllm import scheduler as plugin_scheduler
+    from radixflow.integrations.vllm.readiness import PublishedNeed
 
-    monkeypatch.setattr(plugin_scheduler, "fits_once_state_is_published", lambda *a, **k: True)
+    monkeypatch.setattr(plugin_scheduler, "blocks_once_state_is_published", lambda *a, **k: PublishedNeed(0, 0))
     assert set(first_rows().num_scheduled_tokens) == {"r0", "r2"}
 
 
@@ -192,7 +193,10 @@ def test_finish_abort_and_preemption_leave_no_blocks_behind():
     step1 = harness.run_step(scheduler)
     assert step1.deferred, "the consumers of q0's document should be deferred in step 1"
     deferred_victim = step1.deferred[0]
-    running_victim = next(r for r in step1.num_scheduled_tokens if r != "q0")
+    # The unrelated requests are refused in step 1 (the deferred consumers' claim on this tight pool);
+    # a running victim is taken from step 2.
+    step2 = harness.run_step(scheduler)
+    running_victim = next(r for r in step2.num_scheduled_tokens if r not in ("q0", deferred_victim))
     scheduler.finish_requests([deferred_victim, running_victim], RequestStatus.FINISHED_ABORTED)
     run_to_completion(harness, scheduler)
 

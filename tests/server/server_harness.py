@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 from radixflow.config import SchedulerConfig
 from radixflow.engine.engine import EngineConfig
@@ -69,14 +70,17 @@ class LiveServer:
 def start_server(model: str = "tiny-qwen3.5", *, block_size: int = 16, state_interval: int = 64,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 1024, max_model_len: int = 2048,
                  kv_cache_memory: int = 64 << 20, max_queue: int = 1024, policy: str = "radixflow",
-                 wait: bool = True, checkpoints: str = "boundary") -> LiveServer:
+                 snapshot_mode: str = "every-boundary", wait: bool = True, checkpoints: str = "boundary",
+                 **server_kw) -> LiveServer:
+    """`server_kw`: further ServerConfig fields (max_body_bytes, max_branches_per_request, ...)."""
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                            block_size=block_size, state_interval=state_interval, checkpoints=checkpoints)
+                            block_size=block_size, state_interval=state_interval, snapshot_mode=snapshot_mode,
+                            checkpoints=checkpoints)
     engine = EngineConfig(model=model, policy=policy, scheduler=sched, kv_cache_memory=kv_cache_memory,
                           max_model_len=max_model_len)
     port = free_port()
     config = ServerConfig(engine=engine, port=port, max_queue=max_queue, debug_endpoints=True,
-                          default_max_tokens=16, drain_timeout=10, torch_threads=1)
+                          default_max_tokens=16, drain_timeout=10, torch_threads=1, **server_kw)
     server = build_server(config, log_level="warning")
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
@@ -96,3 +100,19 @@ def error_of(resp: httpx.Response) -> dict:
     assert set(body) == {"error"}, body
     assert set(body["error"]) == {"message", "type", "param", "code"}, body
     return body["error"]
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    """GET /metrics as {(sample name, frozenset of label items): value}."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {(smp.name, frozenset(smp.labels.items())): smp.value
+            for fam in text_string_to_metric_families(text) for smp in fam.samples}
+
+
+def metric(samples: dict, name: str, **labels: str) -> float:
+    """One sample of `scrape()`'s result; KeyError naming it if absent."""
+    want = set(labels.items())
+    hits = [v for (n, lab), v in samples.items() if n == name and want <= lab and len(lab) == len(want) + 1]
+    if len(hits) != 1:
+        raise KeyError(f"{name}{labels}: {len(hits)} samples")
+    return hits[0]

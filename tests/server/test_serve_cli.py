@@ -42,3 +42,16 @@ def test_user_errors_exit_2(capsys):
     assert "neither a model directory nor a tiny model name" in capsys.readouterr().err
     assert main(["serve", "--model", "tiny-qwen3", "--block-size", "16", "--state-interval", "24"]) == 2
     assert "--state-interval (24) must be a positive multiple of --block-size (16)" in capsys.readouterr().err
+
+
+def test_serving_flags_reach_the_server_config():
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    args = p.parse_args(["--snapshot-mode", "chunk-end", "--drain-timeout", "2.5", "--max-body-size", "1MiB",
+                         "--max-branches-per-request", "64"])
+    cfg = serve.server_config(args)
+    assert cfg.engine.scheduler.snapshot_mode == "chunk-end"
+    assert (cfg.drain_timeout, cfg.max_body_bytes, cfg.max_branches_per_request) == (2.5, 1 << 20, 64)
+    for bad in (["--drain-timeout", "-1"], ["--drain-timeout", "nan"], ["--max-branches-per-request", "0"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import httpx
+from server_harness import metric, scrape
 
 
 def test_models_and_health(hybrid_server):
@@ -109,12 +110,15 @@ def test_streaming_completion_matches_non_streaming(hybrid_server):
 
 
 def test_metrics_report_rounds_and_reuse(hybrid_server):
-    body = httpx.get(hybrid_server.url + "/metrics", timeout=10).text
-    for name in ("radixflow_rounds_total", "radixflow_round_rows_bucket", "radixflow_round_tokens_bucket",
-                 "radixflow_reuse_rate", "radixflow_blocked_deferrals_total", 'radixflow_queue_length{state="waiting"}',
-                 "radixflow_request_latency_seconds_bucket", 'radixflow_kv_pages{kind="used"}',
-                 'radixflow_state_slots{kind="total"}', "radixflow_time_to_first_token_seconds_bucket"):
-        assert name in body, name
-    rounds = next(float(line.split()[-1]) for line in body.splitlines()
-                  if line.startswith("radixflow_rounds_total"))
-    assert rounds > 0
+    samples = scrape(hybrid_server.url)
+    assert all(("model_name", "tiny-qwen3.5") in labels for _, labels in samples)
+    for name in ("radixflow_round_rows_bucket", "radixflow_round_tokens_bucket", "radixflow_reuse_rate",
+                 "radixflow_blocked_deferrals_total", "radixflow_request_latency_seconds_bucket",
+                 "radixflow_time_to_first_token_seconds_bucket", "radixflow_time_per_output_token_seconds_bucket",
+                 "radixflow_inter_token_latency_seconds_bucket", "radixflow_event_loop_lag_seconds_bucket"):
+        assert any(n == name for n, _ in samples), name
+    metric(samples, "radixflow_queue_length", state="waiting")
+    for kind in ("held", "cached", "free", "total"):
+        metric(samples, "radixflow_kv_pages", kind=kind)
+        metric(samples, "radixflow_state_slots", kind=kind)
+    assert metric(samples, "radixflow_rounds_total") > 0

@@ -49,6 +49,8 @@ def test_five_turns_hybrid(hybrid_server):
 def test_five_turns_hybrid_with_branch_checkpoints():
     """--checkpoints branch: each finished turn leaves a snapshot at its exact computed length, so the
     hybrid model gets the full-attention figures (one token short of SPEC's, as above)."""
+    import re
+
     import httpx
     from server_harness import start_server
 
@@ -58,8 +60,8 @@ def test_five_turns_hybrid_with_branch_checkpoints():
         assert lengths == [280, 510, 740, 970, 1200]
         assert cached == [0, 429, 659, 889, 1119]
         body = httpx.get(live.url + "/metrics", timeout=10).text
-        by_cause = {line.split('"')[1]: float(line.split()[-1]) for line in body.splitlines()
-                    if line.startswith("radixflow_prompt_tokens_by_cause_total{")}
+        by_cause = {re.search(r'cause="([^"]+)"', line).group(1): float(line.split()[-1])
+                    for line in body.splitlines() if line.startswith("radixflow_prompt_tokens_by_cause_total{")}
         assert by_cause["ready_hit"] == sum(cached)
         assert sum(by_cause.values()) == sum(lengths)
     finally:

@@ -29,6 +29,16 @@ def parse_bytes(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-qwen3.5", help="tiny model name or HF model directory")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
@@ -47,8 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--default-max-tokens", type=positive_int, default=256,
                    help="max_tokens of a chat request that sends none")
-    p.add_argument("--drain-timeout", type=float, default=60.0,
-                   help="on SIGTERM, seconds to let in-flight requests finish before exiting")
+    p.add_argument("--drain-timeout", type=non_negative_float, default=60.0,
+                   help="on SIGTERM, seconds to let in-flight requests finish; then those still running get an "
+                        "error (a stream: an error event) and the process exits")
+    p.add_argument("--max-body-size", type=parse_bytes, default=64 << 20,
+                   help="largest request body (suffixes as --kv-cache-memory); larger bodies get 413")
+    p.add_argument("--max-branches-per-request", type=positive_int, default=1024,
+                   help="most sequences (prompts x n) one request may ask for; more get 400")
     p.add_argument("--torch-threads", type=positive_int, default=None,
                    help="intra-op CPU threads of the engine thread (default: torch's; 1 avoids the large "
                         "slowdown of oversubscribed OpenMP when other processes share the cores)")
@@ -62,7 +77,7 @@ def engine_config(args) -> EngineConfig:
     sched = SchedulerConfig(max_num_seqs=args.max_num_seqs or base.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens or base.max_num_batched_tokens,
                             block_size=args.block_size, state_interval=args.state_interval,
-                            enable_prefix_caching=args.enable_prefix_caching,
+                            enable_prefix_caching=args.enable_prefix_caching, snapshot_mode=args.snapshot_mode,
                             checkpoints=getattr(args, "checkpoints", "boundary"))
     sched.validate()
     return EngineConfig(model=args.model, policy=args.policy, device=args.device, dtype=args.dtype,
@@ -70,14 +85,20 @@ def engine_config(args) -> EngineConfig:
                         max_model_len=args.max_model_len, seed=args.seed)
 
 
-def run(args) -> int:
+def server_config(args):
     from radixflow.server.app import ServerConfig
+
+    return ServerConfig(engine=engine_config(args), host=args.host, port=args.port,
+                        served_model_name=args.served_model_name, max_queue=args.max_queue,
+                        default_max_tokens=args.default_max_tokens, drain_timeout=args.drain_timeout,
+                        debug_endpoints=args.debug_endpoints, torch_threads=args.torch_threads,
+                        max_body_bytes=args.max_body_size, max_branches_per_request=args.max_branches_per_request)
+
+
+def run(args) -> int:
     from radixflow.server.runner import serve
 
     check_model(resolve_model(args.model))  # a bad name, path or file fails here, before the port opens
-    config = ServerConfig(engine=engine_config(args), host=args.host, port=args.port,
-                          served_model_name=args.served_model_name, max_queue=args.max_queue,
-                          default_max_tokens=args.default_max_tokens, drain_timeout=args.drain_timeout,
-                          debug_endpoints=args.debug_endpoints, torch_threads=args.torch_threads)
+    config = server_config(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     return serve(config, args.log_level)

@@ -81,14 +81,7 @@ class Engine:
 
     def make_branch(self, request_id: str, index: int, prompt: list[int], params: SamplingParams,
                     namespace: str = "", arrival: float | None = None, priority: int = 0) -> Branch:
-        if not prompt:
-            raise ValueError("empty prompt")
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
-        if len(prompt) + params.max_tokens > self.config.max_model_len:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                             f"max_model_len {self.config.max_model_len}")
+        self.check_prompt(prompt, params.max_tokens)
         params.check_vocab(self.vocab_size)
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
@@ -101,6 +94,19 @@ class Engine:
         b.priority = priority
         b.user_data = RequestState(params, self.cache.device, frozenset(stops))
         return b
+
+    def check_prompt(self, prompt: list[int], max_tokens: int) -> None:
+        """ValueError if the prompt is empty, holds an id outside the vocabulary, or does not fit
+        max_model_len with `max_tokens` more."""
+        if not prompt:
+            raise ValueError("empty prompt")
+        vocab = self.vocab_size
+        if not 0 <= min(prompt) <= max(prompt) < vocab:
+            bad = next(t for t in prompt if not 0 <= t < vocab)
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(prompt) + max_tokens > self.config.max_model_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds "
+                             f"max_model_len {self.config.max_model_len}")
 
     @property
     def grammar_compiler(self):

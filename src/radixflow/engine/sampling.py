@@ -8,7 +8,7 @@ The per-row pipeline follows vLLM's v1 sampler, in its order:
 5. penalties, vLLM's formulas: `repetition_penalty` r divides a positive logit and multiplies a
    negative one for every token seen in the prompt or the output; `frequency_penalty` f and
    `presence_penalty` p give `logit -= f * count_in_output + p * (count_in_output > 0)`,
-6. greedy (argmax) when temperature == 0; otherwise logits / temperature, `min_p` (drop tokens whose
+6. greedy (argmax) when temperature < 1e-5 (as vLLM); otherwise logits / temperature, `min_p` (drop tokens whose
    probability is below min_p × the top probability), top-k, top-p (nucleus), then one draw from the
    row's own `torch.Generator` (seeded rows are reproducible whatever else is in the batch).
 
@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+GREEDY_BELOW = 1e-5  # as vLLM: a smaller temperature is greedy (logits / 1e-300 overflow to inf, then NaN)
 
 
 @dataclass
@@ -94,7 +96,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:
@@ -165,6 +167,7 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     probs = sorted_logits.softmax(-1)
     before = probs.cumsum(-1) - probs          # mass of strictly more likely tokens
     drop_sorted = before >= p
+    drop_sorted[..., 0] = False  # the most likely token stays even when p rounds to 0 in float32
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 

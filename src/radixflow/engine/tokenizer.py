@@ -9,6 +9,7 @@ ChatML: `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, then `<|im_st
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,19 @@ def _bytes_to_unicode() -> dict[int, str]:
     return chars
 
 
+_CHAR_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+_BATCH = 256  # texts per call into the Rust tokenizer: the GIL is retaken between calls
+
+
+class PromptTooLong(ValueError):
+    def __init__(self, index: int, tokens: int | None, limit: int, chars: int = 0) -> None:
+        if tokens is not None:
+            super().__init__(f"the prompt is {tokens} tokens, more than max_model_len {limit}")
+        else:
+            super().__init__(f"the prompt ({chars} characters) is longer than max_model_len {limit} tokens")
+        self.index = index
+
+
 class Tokenizer:
     """Encode/decode and chat formatting over a `tokenizer.json`."""
 
@@ -63,6 +77,9 @@ class Tokenizer:
                  eos_tokens: tuple[str, ...] = ()) -> None:
         self._tok = tok
         self.chat_template = chat_template
+        self._added: dict | None = None  # id -> AddedToken, built on first use
+        self._cover: int | None = None  # see _max_token_chars
+        self._byte_level = False
         ids = [tok.token_to_id(t) for t in eos_tokens]
         self.eos_token_ids: tuple[int, ...] = tuple(i for i in ids if i is not None)
 
@@ -99,9 +116,71 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS...)."""
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(self, text: str, add_special_tokens: bool = False, limit: int | None = None) -> list[int]:
+        """Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS...);
+        with `limit`, a `PromptTooLong` instead of a list longer than it."""
+        return self.encode_batch([text], limit, add_special_tokens)[0]
+
+    def encode_batch(self, texts: list[str], limit: int | None = None,
+                     add_special_tokens: bool = False) -> list[list[int]]:
+        """Token ids of each text. The Rust tokenizer runs with the GIL released (its batch calls
+        do; its `encode` does not), a slice at a time, so other threads keep running; the fast
+        variant skips character offsets, which nobody reads (and which take time to free). With `limit`,
+        a `PromptTooLong` naming the first text longer than it; a text with more characters than
+        `limit` tokens could ever cover is refused without being tokenized."""
+        return list(self.iter_encode(texts, limit, add_special_tokens))
+
+    def iter_encode(self, texts: list[str], limit: int | None = None,
+                    add_special_tokens: bool = False) -> Iterator[list[int]]:
+        """`encode_batch` one text at a time (a caller keeping 100k prompts can store them compactly)."""
+        cover = self._max_token_chars()
+        for start in range(0, len(texts), _BATCH):
+            chunk = texts[start:start + _BATCH]
+            if limit is not None and cover is not None:
+                for i, t in enumerate(chunk):
+                    if len(t) > limit * cover:
+                        raise PromptTooLong(start + i, None, limit, len(t))
+            for i, enc in enumerate(self._tok.encode_batch_fast(chunk, add_special_tokens=add_special_tokens)):
+                if limit is not None and len(enc) > limit:
+                    raise PromptTooLong(start + i, len(enc), limit)
+                yield enc.ids
+
+    def _max_token_chars(self) -> int | None:
+        """The most text characters one token can stand for (tokens >= characters / this), or None
+        when a normalizer may shrink the text before tokenizing."""
+        if self._cover is None:
+            if self._tok.normalizer is not None:
+                self._cover = 0
+            else:
+                pieces = self._tok.get_vocab(with_added_tokens=True)
+                self._cover = max((len(p.encode("utf-8")) for p in pieces), default=1)
+        return self._cover or None
+
+    def is_special(self, token_id: int) -> bool:
+        """A special added token (decode(..., skip_special_tokens=True) leaves it out)."""
+        self._index_added()
+        t = self._added.get(token_id)
+        return t is not None and t.special
+
+    def _index_added(self) -> None:
+        if self._added is None:
+            self._added = dict(self._tok.get_added_tokens_decoder())
+            self._byte_level = b'"ByteLevel"' in self._tok.decoder.__getstate__() if self._tok.decoder else False
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: a byte-level piece maps back through GPT-2's byte table,
+        a byte-fallback piece `<0xNN>` is that byte, an added token is its text."""
+        self._index_added()
+        if token_id in self._added:
+            return self._added[token_id].content.encode("utf-8")
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:  # a model id the tokenizer has no piece for (model vocab > tokenizer vocab)
+            return b""
+        if self._byte_level and all(c in _CHAR_TO_BYTE for c in piece):
+            return bytes(_CHAR_TO_BYTE[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")  # SentencePiece's word marker is a space
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

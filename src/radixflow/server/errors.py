@@ -10,8 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error",
-          500: "server_error", 503: "service_unavailable"}
+_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}
+RETRY_AFTER_S = 1  # the Retry-After a 429 carries: the queue drains as soon as a round frees rows
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
@@ -20,12 +21,14 @@ _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 class APIError(Exception):
     """An error the client sees; raised anywhere in a handler (or sent from the engine thread)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers or ({"Retry-After": str(RETRY_AFTER_S)} if status == 429 else {})
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
@@ -36,11 +39,25 @@ class APIError(Exception):
         return f"data: {json.dumps(self.body())}\n\n"
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return ErrorJSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class ErrorJSONResponse(JSONResponse):
+    """ASCII JSON: an error message may quote what the client sent, lone surrogates included, and
+    must still encode (the default UTF-8 rendering raises on them)."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param, "invalid_value")
+
+
+def unexpected(exc: BaseException) -> APIError:
+    """A bug of ours seen by a client: a JSON 500 that names the exception type, never a traceback."""
+    return APIError(500, f"internal server error ({type(exc).__name__}); the server logged the details",
+                    None, "internal_error")
 
 
 def _from_validation(exc: RequestValidationError) -> APIError:

@@ -1,15 +1,22 @@
 """Prometheus metrics of one server, in its own registry (two servers in one process never clash).
 
-Round measures (SPEC §9) are observed on the engine thread after each round; request counters in the
-HTTP handlers (prometheus-client is thread-safe).
+Every metric carries a `model_name` label first (as vLLM's do). Round measures (SPEC §9) are
+observed on the engine thread after each round, and gauges are refreshed there after every change
+of state (a round, an added or aborted request); request counters in the HTTP handlers
+(prometheus-client is thread-safe). A new metric is one line in `__init__` through `_counter`,
+`_gauge` or `_histogram`, which add the model label.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ROUND_TIME = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_TOKEN_TIME = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
+_LOOP_LAG = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 def _pow2_buckets(top: int) -> tuple[float, ...]:
@@ -20,49 +27,83 @@ def _pow2_buckets(top: int) -> tuple[float, ...]:
     return (*out, float(top))
 
 
+@dataclass(frozen=True)
+class PoolUse:
+    """One pool split the way `check_integrity()` counts it: held + cached + free = total."""
+
+    held: int  # owned by running branches, not in the cache (private KV pages, working state slots)
+    cached: int  # in the prefix cache (published or pending; maybe locked by running branches)
+    free: int
+    total: int
+
+
+class _Labelled:
+    """A metric family whose `model_name` label is already bound: `.labels(*other_labels)`."""
+
+    def __init__(self, family, model_name: str) -> None:
+        self._family = family
+        self._model = model_name
+
+    def labels(self, *values: str):
+        return self._family.labels(self._model, *values)
+
+
 class ServerMetrics:
-    def __init__(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192) -> None:
-        self.registry = r = CollectorRegistry()
-        p = "radixflow_"
-        self.rounds = Counter(p + "rounds", "non-empty worker calls (rounds K)", registry=r)
-        self.round_rows = Histogram(p + "round_rows", "rows (fragments) per round",
-                                    buckets=_pow2_buckets(max_num_seqs), registry=r)
-        self.round_tokens = Histogram(p + "round_tokens", "scheduled tokens per round",
-                                      buckets=_pow2_buckets(max_num_batched_tokens), registry=r)
-        self.round_seconds = Histogram(p + "round_host_seconds", "host time of one worker call c(B)",
-                                       buckets=_ROUND_TIME, registry=r)
-        self.blocked = Counter(p + "blocked_deferrals", "waiting branches deferred as Blocked (SPEC §5)",
-                               registry=r)
-        self.prompt_tokens = Counter(p + "prompt_tokens", "prompt tokens of finished branches", registry=r)
-        self.cached_tokens = Counter(p + "cached_prompt_tokens", "prompt tokens served from the prefix cache",
-                                     registry=r)
-        self.generation_tokens = Counter(p + "generation_tokens", "tokens sampled", registry=r)
-        self.reuse_rate = Gauge(p + "reuse_rate", "cached prompt tokens / prompt tokens so far", registry=r)
-        self.queue = Gauge(p + "queue_length", "branches by state; 'pending' = requests not yet started",
-                           ["state"], registry=r)
-        self.requests = Counter(p + "requests", "HTTP requests by endpoint and status",
-                                ["endpoint", "status"], registry=r)
-        self.latency = Histogram(p + "request_latency_seconds", "arrival to last branch finished",
-                                 buckets=_LATENCY, registry=r)
-        self.ttft = Histogram(p + "time_to_first_token_seconds", "arrival to a branch's first token",
-                              buckets=_LATENCY, registry=r)
-        self.first_selection = Histogram(p + "first_selection_wait_seconds", "arrival to a branch's first "
-                                         "selection", buckets=_LATENCY, registry=r)
-        self.kv_pages = Gauge(p + "kv_pages", "KV pages: in use (cached or held) and total", ["kind"],
-                              registry=r)
-        self.state_slots = Gauge(p + "state_slots", "state snapshot slots: in use and total", ["kind"],
-                                 registry=r)
-        self.aborted = Counter(p + "aborted_requests", "requests aborted (client gone or error)", registry=r)
+    def __init__(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, model_name: str = "") -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        self.rounds = self._counter("rounds", "non-empty worker calls (rounds K)")
+        self.round_rows = self._histogram("round_rows", "rows (fragments) per round", _pow2_buckets(max_num_seqs))
+        self.round_tokens = self._histogram("round_tokens", "scheduled tokens per round",
+                                            _pow2_buckets(max_num_batched_tokens))
+        self.round_seconds = self._histogram("round_host_seconds", "host time of one worker call c(B)", _ROUND_TIME)
+        self.blocked = self._counter("blocked_deferrals", "waiting branches deferred as Blocked (SPEC §5)")
+        self.prompt_tokens = self._counter("prompt_tokens", "prompt tokens of finished branches")
+        self.cached_tokens = self._counter("cached_prompt_tokens", "prompt tokens served from the prefix cache")
+        self.generation_tokens = self._counter("generation_tokens", "tokens sampled")
+        self.reuse_rate = self._gauge("reuse_rate", "cached prompt tokens / prompt tokens so far")
+        self.queue = self._gauge("queue_length", "branches by state; 'pending' = requests not yet started",
+                                 ("state",))
+        self.requests = self._counter("requests", "HTTP requests by endpoint and status", ("endpoint", "status"))
+        self.latency = self._histogram("request_latency_seconds", "arrival to last branch finished", _LATENCY)
+        self.ttft = self._histogram("time_to_first_token_seconds", "arrival to a branch's first token", _LATENCY)
+        self.first_selection = self._histogram("first_selection_wait_seconds",
+                                               "arrival to a branch's first selection", _LATENCY)
+        self.tpot = self._histogram("time_per_output_token_seconds", "a finished branch's (last token - first "
+                                    "token) / (output tokens - 1)", _TOKEN_TIME)
+        self.itl = self._histogram("inter_token_latency_seconds", "time between two consecutive tokens of a "
+                                   "branch", _TOKEN_TIME)
+        self.kv_pages = self._gauge("kv_pages", "KV pages: held by running branches, cached, free, total",
+                                    ("kind",))
+        self.state_slots = self._gauge("state_slots", "state snapshot slots: held by running branches, cached "
+                                       "snapshots, free, total", ("kind",))
+        self.aborted = self._counter("aborted_requests", "requests aborted (client gone or error)")
+        self.loop_lag = self._histogram("event_loop_lag_seconds", "how late the HTTP event loop wakes from a "
+                                        "short sleep (a blocked loop shows here)", _LOOP_LAG)
         # SPEC §14: the prompt tokens of finished branches split by cause (they add up to prompt_tokens).
-        self.prompt_by_cause = Counter(p + "prompt_tokens_by_cause", "prompt tokens by cause: ready_hit | "
-                                       "checkpoint_missing | evicted | no_shared_prefix", ["cause"], registry=r)
-        self.identity_hit_tokens = Counter(p + "identity_hit_tokens", "ĥ: prompt tokens the index matched",
-                                           registry=r)
-        self.blocked_wait = Counter(p + "blocked_wait_rounds", "rounds branches waited on a same-round "
-                                    "producer before they started", registry=r)
+        self.prompt_by_cause = self._counter("prompt_tokens_by_cause", "prompt tokens by cause: ready_hit | "
+                                             "checkpoint_missing | evicted | no_shared_prefix", ("cause",))
+        self.identity_hit_tokens = self._counter("identity_hit_tokens", "ĥ: prompt tokens the index matched")
+        self.blocked_wait = self._counter("blocked_wait_rounds", "rounds branches waited on a same-round "
+                                          "producer before they started")
         self._prompt = 0
         self._cached = 0
 
+    # ------------------------------------------------------------------ declaring
+    def _labelled(self, cls, name: str, doc: str, labels: tuple[str, ...], **kw):
+        family = cls("radixflow_" + name, doc, ("model_name", *labels), registry=self.registry, **kw)
+        return _Labelled(family, self.model_name) if labels else family.labels(self.model_name)
+
+    def _counter(self, name: str, doc: str, labels: tuple[str, ...] = ()):
+        return self._labelled(Counter, name, doc, labels)
+
+    def _gauge(self, name: str, doc: str, labels: tuple[str, ...] = ()):
+        return self._labelled(Gauge, name, doc, labels)
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...], labels: tuple[str, ...] = ()):
+        return self._labelled(Histogram, name, doc, labels, buckets=buckets)
+
+    # ------------------------------------------------------------------ observing
     def observe_round(self, rows: int, tokens: int, host_time: float, blocked: int) -> None:
         self.rounds.inc()
         self.round_rows.observe(rows)
@@ -93,11 +134,10 @@ class ServerMetrics:
         self.identity_hit_tokens.inc(misses.identity_hit)
         self.blocked_wait.inc(misses.blocked_rounds)
 
-    def set_pools(self, pages_used: int, pages_total: int, slots_used: int, slots_total: int) -> None:
-        self.kv_pages.labels("used").set(pages_used)
-        self.kv_pages.labels("total").set(pages_total)
-        self.state_slots.labels("used").set(slots_used)
-        self.state_slots.labels("total").set(slots_total)
+    def set_pools(self, pages: PoolUse, slots: PoolUse) -> None:
+        for gauge, use in ((self.kv_pages, pages), (self.state_slots, slots)):
+            for kind in ("held", "cached", "free", "total"):
+                gauge.labels(kind).set(getattr(use, kind))
 
     def set_queues(self, pending: int, held: int, waiting: int, running: int) -> None:
         for name, v in (("pending", pending), ("held", held), ("waiting", waiting), ("running", running)):

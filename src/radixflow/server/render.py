@@ -81,32 +81,39 @@ def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[float | 
                         prompt_ids: list[int] | None = None, as_ids: bool = False,
                         prompt_lps: dict | None = None) -> dict:
     """The legacy completions `logprobs` object; echoed prompt tokens carry their prompt logprobs
-    (`RequestState.prompt_logprobs`; the first prompt token has none)."""
-    tokens, lps, tops, offsets = [], [], [], []
-    pos = offset
-    for q, t in enumerate(prompt_ids or []):
-        s = token_str(tokenizer, t, as_ids)
+    (`RequestState.prompt_logprobs`; the first prompt token has none). `text_offset` is each
+    token's character position in the returned text (echo first), from the tokens' real bytes: a
+    token holding part of a character starts where that character starts."""
+    prompt_ids = prompt_ids or []
+    offsets, _ = text_offsets(tokenizer, [*prompt_ids, *token_ids], offset)
+    tokens, lps, tops = [], [], []
+    for q, t in enumerate(prompt_ids):
         entry = (prompt_lps or {}).get(q)
-        tokens.append(s)
+        tokens.append(token_str(tokenizer, t, as_ids))
         lps.append(None if entry is None else entry[0])
         tops.append(None if entry is None else {token_str(tokenizer, i, as_ids): v for i, v in entry[2]})
-        offsets.append(pos)
-        pos += len(s)
     for t, lp, tp in zip(token_ids, logprobs, top):
-        s = token_str(tokenizer, t, as_ids)
-        tokens.append(s)
+        tokens.append(token_str(tokenizer, t, as_ids))
         lps.append(lp)
         tops.append({token_str(tokenizer, i, as_ids): v for i, v in tp} if tp is not None else None)
-        offsets.append(pos)
-        pos += len(s)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def text_offsets(tokenizer, token_ids: list[int], start: int = 0) -> tuple[list[int], int]:
+    """(where each token's text starts, where the text after the last one starts), in characters of
+    the decoded text: each UTF-8 lead byte begins one character; special tokens decode to nothing."""
+    offsets, pos = [], start
+    for t in token_ids:
+        offsets.append(pos)
+        if not tokenizer.is_special(t):
+            pos += sum(1 for b in tokenizer.token_bytes(t) if b & 0xC0 != 0x80)
+    return offsets, pos
 
 
 def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[float | None],
                   top: list[list[tuple[int, float]] | None], as_ids: bool = False) -> dict:
     def entry(t: int, lp: float | None) -> dict:
-        s = token_str(tokenizer, t, as_ids)
-        return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+        return {"token": token_str(tokenizer, t, as_ids), "logprob": lp, "bytes": list(tokenizer.token_bytes(t))}
 
     content = []
     for t, lp, tp in zip(token_ids, logprobs, top):
@@ -148,10 +155,16 @@ def stop_reason(branch: Branch, text: TextStream) -> str | int | None:
     return last if params.ignore_eos or last not in eos else None
 
 
-def usage(branches: list[Branch]) -> dict:
-    prompt = sum(b.prompt_len for b in branches)
+def usage(branches: list[Branch], n: int = 1) -> dict:
+    """Token counts of a request whose branch `i*n + j` is prompt i, choice j: each prompt counts
+    once (as in OpenAI's API), with the most any of its choices found cached."""
+    prompt = sum(b.prompt_len for b in branches if b.index % n == 0)
     completion = sum(len(b.output) for b in branches)
-    cached = sum(b.cached_tokens or 0 for b in branches)
+    cached_by_prompt: dict[int, int] = {}
+    for b in branches:
+        i = b.index // n
+        cached_by_prompt[i] = max(cached_by_prompt.get(i, 0), b.cached_tokens or 0)
+    cached = sum(cached_by_prompt.values())
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
 

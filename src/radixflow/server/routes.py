@@ -8,6 +8,7 @@ branches share the cached document through one namespace. A chat call is one bra
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,7 +20,8 @@ from radixflow.core.branch import Branch
 from radixflow.engine.engine import Engine
 from radixflow.server import params as rp
 from radixflow.server.engine_loop import Delta, Failed, Finished
-from radixflow.server.errors import bad_request
+from radixflow.server.errors import bad_request, unexpected
+from radixflow.server.inputs import check_fanout, check_text, encode_prompts, encode_text, off_loop
 from radixflow.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from radixflow.server.render import (
     TextStream,
@@ -28,11 +30,13 @@ from radixflow.server.render import (
     finish_reason,
     prompt_logprobs,
     stop_reason,
+    text_offsets,
     usage,
 )
 from radixflow.server.tracking import ClientGone, TrackedRequest
 
 router = APIRouter()
+log = logging.getLogger("radixflow.server")
 
 
 # ====================================================================== completions
@@ -42,23 +46,16 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     eng = server.engine_for(body.model)
     tok = eng.tokenizer
     rp.refuse_unsupported(body)
-    prompts = [tok.encode(p, body.add_special_tokens) if isinstance(p, str) else list(p)
-               for p in body.prompt_list()]
-    if not prompts:
-        raise bad_request("prompt must not be empty", "prompt")
-    prompts = [rp.truncate(p, body, eng.config.max_model_len) for p in prompts]
     rid = _request_id("cmpl", body)
-    echo_lp = body.echo and body.logprobs is not None  # echoed tokens carry their prompt logprobs
-    plp = body.prompt_logprobs if body.prompt_logprobs is not None else (body.logprobs if echo_lp else None)
-    build = rp.ParamsBuilder(body, eng, body.max_tokens, body.logprobs, plp)
-    branches = _branches(eng, rid, prompts, body, build)
+    prompts, branches = await off_loop(_completion_inputs, eng, rid, body, server.config.max_branches_per_request)
     meta = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": server.model_name}
     texts = {b.index: _text_stream(tok, body, prompts[b.index // body.n] if body.echo else None)
              for b in branches}
     tracked = TrackedRequest(server.loop, request, rid, branches, body.stream)  # from here on: abort on exit
     if body.stream:
         by_index = {b.index: b for b in branches}
-        chunks = lambda ev: _completion_chunks(ev, texts, body, meta, prompts, by_index)  # noqa: E731
+        offsets: dict[int, int] = {}  # choice -> text offset of its next logprobs token
+        chunks = lambda ev: _completion_chunks(ev, texts, body, meta, prompts, by_index, offsets)  # noqa: E731
         return _sse(tracked, server, "/v1/completions", chunks)
     req = await _wait(tracked, server, "/v1/completions")
     if req is None:
@@ -83,11 +80,26 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             choice["prompt_token_ids"] = prompt
             choice["token_ids"] = list(b.output)
         choices.append(choice)
-    return JSONResponse({**meta, "choices": choices, "usage": usage(req.branches)})
+    return JSONResponse({**meta, "choices": choices, "usage": usage(req.branches, body.n)})
+
+
+def _completion_inputs(eng: Engine, rid: str, body: CompletionRequest, cap: int):
+    """Prompts as token ids and their branches (runs in a worker thread: tokenizing is CPU work)."""
+    raw = body.prompt_list()
+    if not raw:
+        raise bad_request("prompt must not be empty", "prompt")
+    check_fanout(len(raw), body.n, cap)
+    limit = eng.config.max_model_len if body.truncate_prompt_tokens is None else None  # else cut later
+    prompts = encode_prompts(eng.tokenizer, raw, limit, body.add_special_tokens)
+    prompts = [rp.truncate(p, body, eng.config.max_model_len) for p in prompts]
+    echo_lp = body.echo and body.logprobs is not None  # echoed tokens carry their prompt logprobs
+    plp = body.prompt_logprobs if body.prompt_logprobs is not None else (body.logprobs if echo_lp else None)
+    build = rp.ParamsBuilder(body, eng, body.max_tokens, body.logprobs, plp)
+    return prompts, _branches(eng, rid, prompts, body, build)
 
 
 def _completion_chunks(ev, texts: dict, body: CompletionRequest, meta: dict, prompts: list[list[int]],
-                       branches: dict[int, Branch]):
+                       branches: dict[int, Branch], offsets: dict[int, int]):
     if isinstance(ev, Delta):
         ts = texts[ev.index]
         first = ts.first
@@ -98,8 +110,10 @@ def _completion_chunks(ev, texts: dict, body: CompletionRequest, meta: dict, pro
             if first and body.echo:  # the echoed prompt comes with the first text; prefill is done, so
                 # its prompt logprobs are complete and the engine thread no longer writes them
                 echo_ids, plp = prompts[ev.index // body.n], branches[ev.index].user_data.prompt_logprobs
-            lp = completion_logprobs(ts.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs,
+            start = offsets.get(ev.index, 0)
+            lp = completion_logprobs(ts.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs, start,
                                      prompt_ids=echo_ids, as_ids=body.return_tokens_as_token_ids, prompt_lps=plp)
+            offsets[ev.index] = text_offsets(ts.tokenizer, [*(echo_ids or ()), *ev.token_ids], start)[1]
         if text or lp is not None or body.return_token_ids:
             choice = {"index": ev.index, "text": text, "logprobs": lp, "finish_reason": None}
             if body.return_token_ids:
@@ -114,7 +128,7 @@ def _completion_chunks(ev, texts: dict, body: CompletionRequest, meta: dict, pro
         yield {**meta, "choices": [{"index": b.index, "text": rest, "logprobs": None,
                                     "finish_reason": finish_reason(b), "stop_reason": stop_reason(b, ts)}]}
     if body.include_usage:
-        yield {**meta, "choices": [], "usage": usage(ev.request.branches)}
+        yield {**meta, "choices": [], "usage": usage(ev.request.branches, body.n)}
 
 
 # ====================================================================== chat
@@ -124,23 +138,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     eng = server.engine_for(body.model)
     tok = eng.tokenizer
     rp.refuse_unsupported(body)
-    try:
-        kwargs = body.template_kwargs()
-    except ValueError as e:
-        raise bad_request(str(e), "chat_template_kwargs") from e
-    try:
-        prompt_text = tok.apply_chat_template(body.rendered_messages(), body.add_generation_prompt,
-                                              body.chat_template, body.continue_final_message, **kwargs)
-    except Exception as e:  # a template error is the request's fault (roles, order)
-        raise bad_request(f"messages: the chat template failed: {e}", "messages") from e
-    prompt = rp.truncate(tok.encode(prompt_text, body.add_special_tokens), body, eng.config.max_model_len)
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    if max_tokens is None:
-        max_tokens = max(1, min(server.config.default_max_tokens, eng.config.max_model_len - len(prompt)))
-    k = body.top_logprobs if body.logprobs else None
     rid = _request_id("chatcmpl", body)
-    build = rp.ParamsBuilder(body, eng, max_tokens, k, body.prompt_logprobs)
-    branches = _branches(eng, rid, [prompt], body, build)
+    prompt_text, prompt, branches = await off_loop(_chat_inputs, eng, rid, body, server.config)
     meta = {"id": rid, "object": "chat.completion.chunk" if body.stream else "chat.completion",
             "created": int(time.time()), "model": server.model_name}
     last = body.messages[-1]
@@ -166,7 +165,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         if body.return_token_ids:
             choice["token_ids"] = list(b.output)
         choices.append(choice)
-    out = {**meta, "choices": choices, "usage": usage(req.branches)}
+    out = {**meta, "choices": choices, "usage": usage(req.branches, body.n)}
     if body.prompt_logprobs is not None:
         out["prompt_logprobs"] = prompt_logprobs(tok, prompt, req.branches[0].user_data.prompt_logprobs,
                                                  body.return_tokens_as_token_ids)
@@ -175,6 +174,33 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if body.return_prompt_text:
         out["prompt_text"] = prompt_text
     return JSONResponse(out)
+
+
+def _chat_inputs(eng: Engine, rid: str, body: ChatCompletionRequest, config):
+    """(rendered prompt text, its token ids, one branch per choice); runs in a worker thread."""
+    check_fanout(1, body.n, config.max_branches_per_request)
+    try:
+        kwargs = body.template_kwargs()
+    except ValueError as e:
+        raise bad_request(str(e), "chat_template_kwargs") from e
+    messages = body.rendered_messages()
+    for i, m in enumerate(messages):
+        if isinstance(m.get("content"), str):
+            check_text(m["content"], f"messages.{i}.content")
+    try:
+        prompt_text = eng.tokenizer.apply_chat_template(messages, body.add_generation_prompt, body.chat_template,
+                                                        body.continue_final_message, **kwargs)
+    except Exception as e:  # a template error is the request's fault (roles, order)
+        raise bad_request(f"messages: the chat template failed: {e}", "messages") from e
+    limit = eng.config.max_model_len if body.truncate_prompt_tokens is None else None  # else cut below
+    ids = encode_text(eng.tokenizer, prompt_text, "messages", limit, body.add_special_tokens)
+    prompt = rp.truncate(ids, body, eng.config.max_model_len)
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    if max_tokens is None:
+        max_tokens = max(1, min(config.default_max_tokens, eng.config.max_model_len - len(prompt)))
+    k = body.top_logprobs if body.logprobs else None
+    build = rp.ParamsBuilder(body, eng, max_tokens, k, body.prompt_logprobs)
+    return prompt_text, prompt, _branches(eng, rid, [prompt], body, build)
 
 
 def _chat_chunks(ev, texts: dict, body: ChatCompletionRequest, meta: dict, prompt: list[int], prompt_text: str):
@@ -208,7 +234,7 @@ def _chat_chunks(ev, texts: dict, body: ChatCompletionRequest, meta: dict, promp
         yield {**meta, "choices": [{"index": b.index, "delta": delta, "logprobs": None,
                                     "finish_reason": finish_reason(b), "stop_reason": stop_reason(b, ts)}]}
     if body.include_usage:
-        yield {**meta, "choices": [], "usage": usage(ev.request.branches)}
+        yield {**meta, "choices": [], "usage": usage(ev.request.branches, body.n)}
 
 
 # ====================================================================== shared
@@ -219,13 +245,21 @@ def _request_id(prefix: str, body: SamplingFields) -> str:
 
 def _branches(eng: Engine, rid: str, prompts: list[list[int]], body: SamplingFields,
               build: rp.ParamsBuilder) -> list[Branch]:
-    """One branch per prompt and choice, validated by the engine (vocabulary, max_model_len)."""
+    """One branch per prompt and choice, validated by the engine (vocabulary, max_model_len). Every
+    prompt is checked before any branch is built: a refused request of 100k prompts leaves no 100k
+    objects to collect."""
     branches = []
     now = time.monotonic()
     ns = rp.namespace(body)
     for i, prompt in enumerate(prompts):
         if not prompt:
             raise bad_request(f"prompt {i} is empty" if len(prompts) > 1 else "prompt is empty", "prompt")
+        try:
+            eng.check_prompt(prompt, build.max_tokens)
+        except ValueError as e:
+            param = "max_tokens" if "max_model_len" in str(e) else "prompt"
+            raise bad_request(f"prompt {i}: {e}" if len(prompts) > 1 else str(e), param) from e
+    for i, prompt in enumerate(prompts):
         for j in range(body.n):
             params = build.params(j)
             try:
@@ -274,8 +308,16 @@ def _sse(tracked: TrackedRequest, server, endpoint: str, chunks) -> StreamingRes
                     status = str(ev.error.status)
                     yield ev.error.sse()
                     break
-                for chunk in chunks(ev):
-                    yield f"data: {json.dumps(chunk)}\n\n"
+                try:
+                    lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks(ev)]
+                except Exception as e:  # a bug while rendering: the client still gets an error event
+                    log.exception("rendering a stream chunk failed")
+                    err = unexpected(e)
+                    status = str(err.status)
+                    yield err.sse()
+                    break
+                for line in lines:
+                    yield line
                 if isinstance(ev, Finished):
                     status = "200"
                     break

@@ -1,8 +1,9 @@
 """Running the app under uvicorn with a draining shutdown.
 
 The first SIGTERM (or Ctrl+C) puts the server in draining mode: new requests get 503, in-flight ones
-run to the end (at most `drain_timeout` seconds), then uvicorn shuts down and the process exits 0.
-A second signal stops at once.
+run to the end, for at most `drain_timeout` seconds all told: at the deadline those still running
+fail (503 `drain_timeout`; a stream gets it as an error event, then `[DONE]`), uvicorn closes the
+connections within a short grace, and the process exits 0. A second signal stops at once.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import time
 import uvicorn
 
 from radixflow.server.app import ServerConfig, ServerState, create_app
+from radixflow.server.errors import APIError
 
 log = logging.getLogger("radixflow.server")
+_CLOSE_GRACE_S = 2.0  # after the drain: time for connections to carry their last bytes and close
 
 
 class DrainingServer(uvicorn.Server):
@@ -35,15 +38,23 @@ class DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         if self.drain_deadline is not None and not self.should_exit:
-            if self.state.loop.in_flight == 0 or time.monotonic() > self.drain_deadline:
+            loop = self.state.loop
+            if loop.in_flight and time.monotonic() >= self.drain_deadline:
+                log.warning("drain timeout (%.1f s): failing %d in-flight requests", self.drain_timeout,
+                            loop.in_flight)
+                loop.fail_all(APIError(503, f"the server shut down before the request finished "
+                                            f"(--drain-timeout {self.drain_timeout:g} s)", None, "drain_timeout"))
+                self.should_exit = True
+            elif loop.in_flight == 0:
                 self.should_exit = True
         return await super().on_tick(counter)
 
 
 def build_server(config: ServerConfig, log_level: str = "info") -> DrainingServer:
     app = create_app(config)
+    # The drain above is the graceful part; uvicorn's own wait only lets connections finish sending.
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level, lifespan="on",
-                        timeout_graceful_shutdown=config.drain_timeout)
+                        timeout_graceful_shutdown=_CLOSE_GRACE_S)
     return DrainingServer(uv, app.state.server, config.drain_timeout)
 
 

@@ -15,6 +15,9 @@ from typing import NamedTuple
 from radixflow.core.batch import Batch
 from radixflow.spec.model_spec import ModelSpec
 
+# Page count for an attention-free model, whose pages hold no bytes and only index the prefix tree.
+BOOKKEEPING_PAGES = 1 << 20
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -125,5 +128,7 @@ def pool_sizes(spec: ModelSpec, gpu: GPU, block_size: int, utilization: float = 
     if not spec.is_hybrid:
         return int(budget // (spec.kv_bytes_per_token * block_size)), 0
     slots = int(budget * state_fraction // spec.state_bytes_per_snapshot)
-    pages = int(budget * (1 - state_fraction) // (spec.kv_bytes_per_token * block_size))
+    page_bytes = spec.kv_bytes_per_token * block_size
+    # An attention-free model's pages hold no bytes: they only index the prefix tree.
+    pages = int(budget * (1 - state_fraction) // page_bytes) if page_bytes else BOOKKEEPING_PAGES
     return pages, slots

@@ -13,7 +13,7 @@ from radixflow.core.loop import run_trace
 from radixflow.core.metrics import ArmMeasures, measure, merge
 from radixflow.core.policies import Arm
 from radixflow.core.scheduler import Scheduler
-from radixflow.sim.cost_model import GPU, CostModel, cache_budget, pool_sizes
+from radixflow.sim.cost_model import BOOKKEEPING_PAGES, GPU, CostModel, cache_budget, pool_sizes
 from radixflow.sim.executor import SimExecutor
 from radixflow.spec.model_spec import ModelSpec
 from radixflow.workloads.trace import fresh_copies
@@ -42,7 +42,8 @@ class SimSetup:
         budget = cache_budget(self.spec, self.gpu, self.gpu_memory_utilization)
         page_bytes = self.spec.kv_bytes_per_token * cfg.block_size
         slot_bytes = self.spec.state_bytes_per_snapshot
-        cfg.num_kv_pages = max(1, budget // page_bytes)
+        # An attention-free model's pages hold no bytes: they only index the prefix tree.
+        cfg.num_kv_pages = max(1, budget // page_bytes) if page_bytes else BOOKKEEPING_PAGES
         cfg.num_state_slots = budget // slot_bytes if self.spec.is_hybrid else 0
         cfg.cache_memory_bytes, cfg.kv_page_bytes, cfg.state_slot_bytes = budget, page_bytes, slot_bytes
         return cfg

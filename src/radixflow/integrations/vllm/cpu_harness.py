@@ -75,6 +75,8 @@ class SchedulerSetup:
     hybrid: bool = True  # full attention + Mamba (align); False: full attention only
     plugin: bool = False
     async_scheduling: bool = False
+    policy: str = "fcfs"  # vLLM's --scheduling-policy: "fcfs" or "priority"
+    prefill_schedule_interval: int = 1  # vLLM's prefill cadence (1 = off)
 
 
 @functools.cache
@@ -121,6 +123,8 @@ def build_scheduler(setup: SchedulerSetup) -> Scheduler:
             enable_chunked_prefill=True,
             is_encoder_decoder=False,
             watermark=0.0,
+            policy=setup.policy,
+            prefill_schedule_interval=setup.prefill_schedule_interval,
         ),
         cache_config=CacheConfig(
             block_size=setup.block_size,
@@ -157,6 +161,7 @@ def make_request(
     max_tokens: int = 1,
     arrival: float = 0.0,
     cache_salt: str | None = None,
+    priority: int = 0,
 ) -> Request:
     """A vLLM request with the block hasher a scheduler of `block_size` expects.
 
@@ -168,6 +173,7 @@ def make_request(
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         pooling_params=None,
         arrival_time=arrival,
+        priority=priority,
         cache_salt=cache_salt or None,
         block_hasher=_block_hasher(block_size),
     )
@@ -209,6 +215,40 @@ def run_step(scheduler: Scheduler) -> StepRecord:
     )
     scheduler.update_from_output(output, stand_in_model_output(scheduler, output))
     return record
+
+
+class InFlightDriver:
+    """Drives a scheduler the way vLLM's engine loop does with async scheduling: step t+1 is scheduled
+    before step t's output is fed back (`depth` steps in flight). The stand-in output of a step is
+    fixed when the step is scheduled, as a real runner's would be."""
+
+    def __init__(self, scheduler: Scheduler, depth: int = 2) -> None:
+        self.scheduler = scheduler
+        self.depth = depth
+        self._in_flight: list[tuple[SchedulerOutput, ModelRunnerOutput]] = []
+
+    @property
+    def busy(self) -> bool:
+        return self.scheduler.has_requests() or bool(self._in_flight)
+
+    def step(self) -> StepRecord | None:
+        """Schedule one step (when there is anything to schedule) and feed back the oldest output once
+        `depth` steps are in flight or nothing more can be scheduled; the scheduled step's record."""
+        record = None
+        if self.scheduler.has_requests():
+            output = self.scheduler.schedule()
+            record = StepRecord(
+                num_scheduled_tokens=dict(output.num_scheduled_tokens),
+                new_hits={r.req_id: r.num_computed_tokens for r in output.scheduled_new_reqs},
+                deferred=list(getattr(self.scheduler, "blocked_last_step", [])),
+            )
+            if output.total_num_scheduled_tokens:
+                self._in_flight.append((output, stand_in_model_output(self.scheduler, output)))
+            else:
+                self.scheduler.update_from_output(output, stand_in_model_output(self.scheduler, output))
+        if self._in_flight and (len(self._in_flight) >= self.depth or record is None or not record.rows):
+            self.scheduler.update_from_output(*self._in_flight.pop(0))
+        return record
 
 
 def count_free_blocks(scheduler: Scheduler) -> int:

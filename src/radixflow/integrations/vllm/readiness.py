@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -37,7 +38,19 @@ def blocking_state_groups(
     return tuple(blocked)
 
 
-def fits_once_state_is_published(
+class PublishedNeed(NamedTuple):
+    """Blocks a Blocked request would take once its matched state is published, counted as
+    `allocate_slots` counts them: `gate` for vLLM's full-sequence check (0 when that check is off),
+    `fragment` for this fragment, both including the watermark that applies to it."""
+
+    gate: int
+    fragment: int
+
+    def fits(self, free_blocks: int) -> bool:
+        return self.gate <= free_blocks and self.fragment <= free_blocks
+
+
+def blocks_once_state_is_published(
     manager: KVCacheManager,
     request: Request,
     hit_blocks: Sequence[Sequence],
@@ -48,8 +61,8 @@ def fits_once_state_is_published(
     max_model_len: int,
     has_scheduled_reqs: bool,
     full_sequence_must_fit: bool,
-) -> bool:
-    """Whether the pool could take the request now if its matched state were already published.
+) -> PublishedNeed:
+    """The blocks the pool must give the request if its matched state were already published.
 
     Counted as `allocate_slots` counts (every group, the watermark, the full-sequence gate), with the
     same-step hashes hidden from the Mamba managers for the duration of the count. Mamba is asked
@@ -65,7 +78,6 @@ def fits_once_state_is_published(
     watermark = 0
     if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
         watermark = manager.watermark_blocks
-    free = manager.block_pool.get_num_free_blocks()
 
     def needed(num_tokens: int, main_tokens: int, admission_cap: bool) -> int:
         total = 0
@@ -84,11 +96,29 @@ def fits_once_state_is_published(
         return total
 
     with _same_step_state_hidden(manager, hit_blocks, num_hit_tokens):
+        gate = 0
         if full_sequence_must_fit:
             full_tokens = min(request.num_tokens, max_model_len)
-            if needed(full_tokens, full_tokens, True) + watermark > free:
-                return False
-        return needed(slot_tokens, main_model_tokens, False) + watermark <= free
+            gate = needed(full_tokens, full_tokens, True) + watermark
+        return PublishedNeed(gate, needed(slot_tokens, main_model_tokens, False) + watermark)
+
+
+def fits_once_state_is_published(manager: KVCacheManager, request: Request, *args, **kwargs) -> bool:
+    """Whether the pool could take the request now if its matched state were already published
+    (arguments as `blocks_once_state_is_published`)."""
+    need = blocks_once_state_is_published(manager, request, *args, **kwargs)
+    return need.fits(manager.block_pool.get_num_free_blocks())
+
+
+def token_blocks(manager: KVCacheManager, num_tokens: int) -> int:
+    """Blocks `num_tokens` tokens take in the groups that grow with the sequence (not Mamba, whose
+    count in align mode is a few blocks whatever the length): the difference between two siblings'
+    needs."""
+    return sum(
+        cdiv(num_tokens, group_manager.block_size)
+        for group_manager in manager.coordinator.single_type_managers
+        if not isinstance(group_manager, MambaManager)
+    )
 
 
 @contextmanager

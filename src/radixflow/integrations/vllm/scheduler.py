@@ -14,7 +14,14 @@ then). Every other outcome, including a real shortage of pages, still reaches `a
 vLLM's behaviour.
 
 The lookup that decides Blocked is the one vLLM just made for this request in this scan: it is captured
-from `_get_local_prefix_cache_hit` instead of being repeated.
+from `_get_local_prefix_cache_hit` instead of being repeated; a later sibling of a Blocked request is
+recognised by its blocking key and needs no lookup at all (`siblings.py`).
+
+Deferred requests keep their claim (SPEC §12, `claim.py`): once a request is deferred, a later candidate
+is admitted only if it finishes within the step, or if its next-step row, tokens and blocks fit beside
+what the deferred requests need then; the blocks are checked by vLLM's own allocator through its
+`reserved_blocks` argument. A candidate that fails is refused as an allocation failure, so vLLM's
+native failure path runs (encoder-cache references released, the scan stops).
 """
 
 from __future__ import annotations
@@ -27,7 +34,13 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from radixflow.integrations.vllm.readiness import blocking_state_groups, fits_once_state_is_published
+from radixflow.integrations.vllm.claim import StepClaim, next_step_share
+from radixflow.integrations.vllm.readiness import (
+    blocking_state_groups,
+    blocks_once_state_is_published,
+    token_blocks,
+)
+from radixflow.integrations.vllm.siblings import BlockedGroup, BlockedGroups
 
 logger = init_logger(__name__)
 
@@ -37,20 +50,34 @@ class StateReadyMixin:
 
     `state_ready` switches the rule off (native prefix-stop) without changing anything else; it starts
     on only where a request can be Blocked at all (see `state_ready_unsupported_reason`).
-    `num_blocked_deferrals` counts the deferrals made so far and `blocked_last_step` lists the request
-    ids deferred in the latest `schedule()`.
+    `num_blocked_deferrals` counts the deferrals made so far, `blocked_last_step` lists the request
+    ids deferred in the latest `schedule()`, `num_claim_refusals` counts candidates refused for the
+    deferred requests' claim and `num_prefix_lookups` the prefix lookups vLLM made.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # request id -> (per-group hit blocks, hit tokens) of this scan's fresh lookups.
-        self._fresh_hits: dict[str, tuple[tuple, int]] = {}
+        # request id -> (lookup result, per-group hit blocks, hit tokens) of this scan's fresh lookups.
+        self._fresh_hits: dict[str, tuple[tuple, tuple, int, BlockedGroup | None]] = {}
+        # request id -> (computed tokens, scheduled tokens) of every request given tokens this step.
+        self._scheduled_now: dict[str, tuple[int, int]] = {}
+        self._claim = StepClaim(self.max_num_running_reqs, self.max_num_scheduled_tokens)
+        self._groups = BlockedGroups(self.hash_block_size)
+        self._refused: str | None = None
+        self._reserve_for: str | None = None
+        self._claim_recomputed_capacity_bound = False
+        # vLLM schedules step t+1 before step t's output is back: a finished request keeps its row.
+        self._rows_outlive_finish = isinstance(self, AsyncScheduler)
         self.num_blocked_deferrals = 0
+        self.num_claim_refusals = 0
+        self.num_prefix_lookups = 0
         self.blocked_last_step: list[str] = []
         reason = self.state_ready_unsupported_reason()
         self.state_ready = reason is None
         if reason is None:
             logger.info("radixflow state-ready traversal is on (%s).", type(self).__name__)
+            # The allocator is the one place that refuses a candidate natively (SPEC §12 claim).
+            self.kv_cache_manager.allocate_slots = self._allocate_slots_with_claim
         else:
             logger.info("radixflow state-ready traversal is off: %s; scheduling natively.", reason)
 
@@ -70,52 +97,185 @@ class StateReadyMixin:
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         self._fresh_hits.clear()
+        self._scheduled_now.clear()
+        self._groups.clear()
+        self._claim = StepClaim(self.max_num_running_reqs, self.max_num_scheduled_tokens)
+        self._refused = self._reserve_for = None
+        self._claim_recomputed_capacity_bound = False
         self.blocked_last_step = []
+        capacity_bound_before = self.prefill_capacity_bound
         try:
-            return super().schedule(*args, **kwargs)
+            output = super().schedule(*args, **kwargs)
         finally:
             self._fresh_hits.clear()
+            self._groups.clear()
+        if self.blocked_last_step:
+            self._restore_native_waiting_view(capacity_bound_before)
+        return output
+
+    def _restore_native_waiting_view(self, capacity_bound_before: bool) -> None:
+        # vLLM would have stopped at the first deferred request and left it, and all behind it,
+        # waiting but not "skipped": its cadence and DP prefill balancing read that difference
+        # (`prefill_capacity_bound`), and its stats count skipped requests apart.
+        deferred = {self.requests[r] for r in self.blocked_last_step if r in self.requests}
+        self.deferred_waiting.difference_update(deferred)
+        if self._claim_recomputed_capacity_bound:
+            _, num_waiting = self.get_request_counts()
+            self.prefill_capacity_bound = num_waiting > len(self.deferred_waiting)
+        else:
+            self.prefill_capacity_bound = capacity_bound_before
 
     def _get_local_prefix_cache_hit(self, request: Request, max_cache_hit_length: int | None = None):
-        result = super()._get_local_prefix_cache_hit(request, max_cache_hit_length)
+        group = None
+        if self.state_ready and self._groups and max_cache_hit_length is None:
+            group = self._groups.find(request)
+        if group is not None:
+            result = group.lookup
+        else:
+            self.num_prefix_lookups += 1
+            result = super()._get_local_prefix_cache_hit(request, max_cache_hit_length)
         if self.state_ready:
-            blocks, num_hit_tokens = result[0], result[1]
-            self._fresh_hits[request.request_id] = (blocks.blocks, num_hit_tokens)
+            self._fresh_hits[request.request_id] = (result, result[0].blocks, result[1], group)
         return result
 
     def _reserve_prefill_lookahead(
         self, request: Request, num_computed_tokens: int, num_new_tokens: int
     ) -> int:
         num_new_tokens = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+        if not self.state_ready or num_new_tokens == 0:
+            return num_new_tokens
         # Only requests looked up in this scan have an entry; running requests pass straight through.
         fresh = self._fresh_hits.pop(request.request_id, None)
-        if fresh is None or num_new_tokens == 0 or not self.state_ready:
+        if fresh is None:
+            self._scheduled_now[request.request_id] = (num_computed_tokens, num_new_tokens)
             return num_new_tokens
-        if self._is_blocked(request, *fresh, num_new_tokens):
-            self.blocked_last_step.append(request.request_id)
-            self.num_blocked_deferrals += 1
-            # 0 tokens is vLLM's own cue to defer this request for the step and keep scanning.
-            return 0
+        lookup, hit_blocks, num_hit_tokens, group = fresh
+        if group is not None or blocking_state_groups(self.kv_cache_manager, hit_blocks, num_hit_tokens):
+            return self._defer_or_refuse(request, lookup, hit_blocks, num_hit_tokens, num_new_tokens, group)
+        if self._claim.active:
+            share = self._share(request, num_computed_tokens, num_new_tokens)
+            if not self._claim.fits_beside(share) or self._cut_by_budget(request, num_hit_tokens, num_new_tokens):
+                return self._refuse(request, num_new_tokens)
+            self._claim.admit(share, self._growth(request, num_computed_tokens + num_new_tokens, share))
+            if not share.finishes:
+                self._reserve_for = request.request_id
+        self._scheduled_now[request.request_id] = (num_computed_tokens, num_new_tokens)
         return num_new_tokens
 
-    def _is_blocked(
-        self, request: Request, hit_blocks: tuple, num_hit_tokens: int, num_new_tokens: int
-    ) -> bool:
-        if not blocking_state_groups(self.kv_cache_manager, hit_blocks, num_hit_tokens):
-            return False
-        # Blocked means the same-step state is the ONLY obstacle; a request the pool could not take
-        # anyway is Other, and vLLM's allocate_slots must see it and stop the scan.
-        return fits_once_state_is_published(
-            self.kv_cache_manager,
-            request,
-            hit_blocks,
-            num_hit_tokens,
-            num_new_tokens,
-            num_lookahead_tokens=self.num_lookahead_tokens,
-            max_model_len=self.max_model_len,
-            has_scheduled_reqs=bool(self.running),
-            full_sequence_must_fit=self.scheduler_reserve_full_isl,
+    def _defer_or_refuse(
+        self, request: Request, lookup: tuple, hit_blocks: tuple, num_hit_tokens: int, num_new_tokens: int,
+        group: BlockedGroup | None,
+    ) -> int:
+        manager = self.kv_cache_manager
+        if group is None:
+            need = blocks_once_state_is_published(
+                manager, request, hit_blocks, num_hit_tokens, num_new_tokens,
+                num_lookahead_tokens=self.num_lookahead_tokens, max_model_len=self.max_model_len,
+                has_scheduled_reqs=bool(self.running), full_sequence_must_fit=self.scheduler_reserve_full_isl,
+            )
+            gate, fragment = need
+            group = BlockedGroup(
+                lookup, num_hit_tokens, gate, fragment,
+                token_blocks(manager, min(request.num_tokens, self.max_model_len)),
+                token_blocks(manager, self._slot_tokens(num_hit_tokens, num_new_tokens)),
+            )
+            self._groups.remember(request, group, lookup[2])
+        else:
+            # A sibling: the first consumer's counts, moved by the difference in length alone.
+            gate = group.gate and group.gate + token_blocks(
+                manager, min(request.num_tokens, self.max_model_len)) - group.gate_length_blocks
+            fragment = group.fragment + token_blocks(
+                manager, self._slot_tokens(num_hit_tokens, num_new_tokens)) - group.fragment_length_blocks
+        free = manager.block_pool.get_num_free_blocks()
+        self._start_claim()
+        # Blocked only if the same-step state is the ONLY obstacle, and only while the next step could
+        # still serve it beside the requests deferred before it; otherwise it is Other (SPEC §3, §12).
+        if max(gate, fragment) > free or not self._claim.room_for_deferral(fragment, free):
+            return self._refuse(request, num_new_tokens) if self._claim.active else num_new_tokens
+        full = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+        growth = max(token_blocks(manager, full) - token_blocks(manager, min(request.num_tokens, full)), 0)
+        self._claim.defer(request.request_id, request.num_tokens - num_hit_tokens, fragment, growth)
+        self.blocked_last_step.append(request.request_id)
+        self.num_blocked_deferrals += 1
+        if request.num_computed_tokens + num_hit_tokens < request.num_tokens - 1:
+            self._claim_recomputed_capacity_bound = True
+        if request.has_encoder_inputs:
+            # vLLM releases these on a failed allocation; a deferral is one in all but name.
+            self.encoder_cache_manager.free(request)
+        # 0 tokens is vLLM's own cue to defer this request for the step and keep scanning.
+        return 0
+
+    def _cut_by_budget(self, request: Request, num_hit_tokens: int, num_new_tokens: int) -> bool:
+        # vLLM's align mode caches a state only where a chunk ends: a chunk cut short by what is left
+        # of this step's budget would publish at a boundary the native order does not produce, and
+        # move the hits of that request's siblings. Past a deferred request only uncut chunks go.
+        whole = request.num_tokens - request.num_computed_tokens - num_hit_tokens
+        threshold = self.scheduler_config.long_prefill_token_threshold
+        if threshold > 0:
+            whole = min(whole, threshold)
+        whole = min(whole, self.max_num_scheduled_tokens)
+        return num_new_tokens < self._mamba_block_aligned_split(request, whole, num_hit_tokens, 0)
+
+    def _slot_tokens(self, num_hit_tokens: int, num_new_tokens: int) -> int:
+        return min(num_hit_tokens + num_new_tokens + self.num_lookahead_tokens, self.max_model_len)
+
+    def _refuse(self, request: Request, num_new_tokens: int) -> int:
+        # Let it reach allocate_slots, which will answer None: vLLM's native failure path.
+        self._refused = request.request_id
+        self.num_claim_refusals += 1
+        return num_new_tokens
+
+    def _start_claim(self) -> None:
+        # At the first Blocked request of the step: what the batch so far will hold at the next step.
+        if self._claim.started:
+            return
+        self._claim.started = True
+        for running in self.running:
+            computed, scheduled = self._scheduled_now.get(running.request_id, (None, 0))
+            share = self._share(running, computed, scheduled)
+            end = (running.num_computed_tokens if computed is None else computed) + scheduled
+            self._claim.admit(share, self._growth(running, end, share))
+
+    def _growth(self, request: Request, end: int, share) -> int:
+        # Blocks the request still takes after this step until it reaches its length cap: admitting
+        # past a deferred request must not set up a preemption the native order would not have.
+        if share.finishes:
+            return 0
+        full = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+        manager = self.kv_cache_manager
+        return max(token_blocks(manager, full) - token_blocks(manager, min(end, full)), 0)
+
+    def _share(self, request: Request, num_computed_tokens: int | None, num_new_tokens: int):
+        if num_computed_tokens is None:
+            num_computed_tokens = request.num_computed_tokens
+            if request.num_output_placeholders and (
+                request.num_computed_tokens + 2 - request.num_output_placeholders
+                >= request.num_prompt_tokens + request.max_tokens
+            ):
+                # Async: its last token is already in flight; it leaves before the next step.
+                return next_step_share(remaining_after=0, outputs_after=request.max_tokens,
+                                       max_tokens=request.max_tokens, token_budget=self.max_num_scheduled_tokens,
+                                       rows_outlive_finish=False)
+        end = num_computed_tokens + num_new_tokens
+        remaining = request.num_tokens_with_spec + request.num_output_placeholders - end
+        samples = num_new_tokens > 0 and remaining <= 0
+        return next_step_share(
+            remaining_after=remaining if num_new_tokens else max(remaining, 1),
+            outputs_after=request.num_output_tokens + request.num_output_placeholders + int(samples),
+            max_tokens=request.max_tokens,
+            token_budget=self.max_num_scheduled_tokens,
+            rows_outlive_finish=self._rows_outlive_finish,
         )
+
+    def _allocate_slots_with_claim(self, request: Request, *args: Any, **kwargs: Any):
+        manager_allocate = type(self.kv_cache_manager).allocate_slots
+        if self._refused == request.request_id:
+            self._refused = None
+            return None
+        if self._reserve_for == request.request_id:
+            self._reserve_for = None
+            kwargs["reserved_blocks"] = kwargs.get("reserved_blocks", 0) + self._claim.blocks_to_keep
+        return manager_allocate(self.kv_cache_manager, request, *args, **kwargs)
 
 
 class StateReadyScheduler(StateReadyMixin, Scheduler):

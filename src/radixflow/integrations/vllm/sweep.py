@@ -1,0 +1,168 @@
+"""The across-step sweep of SPEC §12: configurations, their requests, and one run through vLLM's scheduler.
+
+Each `SweepConfig` is a small multi-candidate workload (questions of `branches` branches sharing a
+document, each branch with its own tail) with budgets, a pool size, an arrival pattern, a scheduling
+policy and sync or async scheduling. `sweep_requests()` turns a config into requests without vLLM, so
+another scheduler (radixflow's own simulator) can replay the very same requests; `run_config()`
+replays them through vLLM 0.33's scheduler on CPU, native or with the plugin, and returns the three
+figures the claim rule must not worsen: steps, prefix-hit tokens and the step of the last finish.
+
+Time is counted in steps: a request arrives before the `schedule()` call whose index reaches its
+`arrival_step`; an idle scheduler jumps to the next arrival (idle calls are not steps).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One workload and scheduler shape (vLLM flag names for the budgets)."""
+
+    name: str
+    questions: int = 6
+    branches: int = 4
+    doc_len: tuple[int, int] = (150, 330)  # tokens, inclusive range
+    tail_len: tuple[int, int] = (8, 40)
+    output_len: tuple[int, int] = (20, 60)  # max_tokens per branch
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    num_gpu_blocks: int = 400
+    block_size: int = 16
+    arrival: str = "burst"  # "burst" (all at step 0) or "poisson"
+    mean_gap_steps: float = 2.0  # poisson: mean steps between questions (branches arrive together)
+    policy: str = "fcfs"  # or "priority": each question gets a random priority in 0..2
+    async_scheduling: bool = False
+    prefill_schedule_interval: int = 1
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """One branch as a vLLM request: id, prompt, output length, arrival step, priority."""
+
+    request_id: str
+    tokens: tuple[int, ...]
+    max_tokens: int
+    arrival_step: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    steps: int  # non-empty schedule() calls
+    hit_tokens: int  # prefix-hit tokens at each request's first admission
+    last_finish_step: int  # step index (from 1) at which the last request was seen finished
+    preemptions: int
+    deferrals: int
+
+
+def sweep_requests(config: SweepConfig) -> list[SweepRequest]:
+    """The config's requests in queue order (arrival, question, branch); deterministic in `seed`."""
+    rng = random.Random(config.seed)
+    requests, step = [], 0.0
+    for q in range(config.questions):
+        if config.arrival == "poisson" and q:
+            step += rng.expovariate(1.0 / config.mean_gap_steps)
+        doc = tuple(rng.randrange(2, 30000) for _ in range(rng.randint(*config.doc_len)))
+        priority = rng.randint(0, 2) if config.policy == "priority" else 0
+        for b in range(config.branches):
+            tail = tuple(rng.randrange(2, 30000) for _ in range(rng.randint(*config.tail_len)))
+            requests.append(SweepRequest(f"q{q}b{b}", doc + tail, rng.randint(*config.output_len),
+                                         int(step), priority))
+    return requests
+
+
+def run_config(config: SweepConfig, plugin: bool, max_steps: int = 20_000) -> SweepResult:
+    """Replay the config's requests through vLLM's scheduler (native or plugin) to completion."""
+    from radixflow.integrations.vllm import cpu_harness as harness
+
+    pending = sweep_requests(config)
+    longest = max(len(r.tokens) + r.max_tokens for r in pending)
+    setup = harness.SchedulerSetup(
+        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        block_size=config.block_size, num_gpu_blocks=config.num_gpu_blocks,
+        max_model_len=max(2048, longest), plugin=plugin, async_scheduling=config.async_scheduling,
+        policy=config.policy, prefill_schedule_interval=config.prefill_schedule_interval,
+    )
+    scheduler = harness.build_scheduler(setup)
+    driver = harness.InFlightDriver(scheduler, depth=2 if config.async_scheduling else 1)
+    added = {}
+    steps = hits = preemptions = 0
+    last_finish = clock = nxt = 0
+    for _ in range(max_steps):
+        if nxt == len(pending) and not driver.busy:
+            break
+        if not driver.busy and pending[nxt].arrival_step > clock:
+            clock = pending[nxt].arrival_step
+        while nxt < len(pending) and pending[nxt].arrival_step <= clock:
+            r = pending[nxt]
+            request = harness.make_request(r.request_id, r.tokens, config.block_size, max_tokens=r.max_tokens,
+                                           arrival=float(r.arrival_step) + nxt * 1e-6, priority=r.priority)
+            scheduler.add_request(request)
+            added[r.request_id] = request
+            nxt += 1
+        record = driver.step()
+        clock += 1
+        if record is not None and record.rows:
+            steps += 1
+            hits += sum(record.new_hits.values())
+        finished = [rid for rid, request in added.items() if request.is_finished()]
+        for rid in finished:
+            preemptions += added.pop(rid).num_preemptions
+        if finished:
+            last_finish = clock
+    else:
+        raise RuntimeError(f"{config.name}: not finished within {max_steps} steps")
+    if harness.count_free_blocks(scheduler) != harness.usable_blocks(scheduler):
+        raise AssertionError(f"{config.name}: blocks leaked")
+    return SweepResult(steps, hits, last_finish, preemptions, getattr(scheduler, "num_blocked_deferrals", 0))
+
+
+def sweep_configs() -> list[SweepConfig]:
+    """The 24+ configurations of the issue-10 sweep (see docs/vllm.md for what each family probes)."""
+    configs = []
+    # Decode-heavy: 6 four-branch questions, documents 150-330, 20-60 output tokens, S=8, T=512.
+    for blocks in (80, 120, 200, 400):
+        for seed in (0, 1):
+            configs.append(SweepConfig(f"decode-kv{blocks}-s{seed}", num_gpu_blocks=blocks, seed=seed))
+    # KV-tight with preemption: pools near one question's working set.
+    for blocks, seed in ((48, 0), (56, 1), (64, 2), (72, 3)):
+        configs.append(SweepConfig(f"kvtight-kv{blocks}-s{seed}", num_gpu_blocks=blocks, seed=seed))
+    # Priority policy.
+    for blocks, seed in ((120, 0), (400, 1), (80, 2)):
+        configs.append(SweepConfig(f"priority-kv{blocks}-s{seed}", policy="priority", num_gpu_blocks=blocks,
+                                   seed=seed))
+    # Staggered Poisson arrivals.
+    for gap, seed in ((1.0, 0), (3.0, 1), (6.0, 2)):
+        configs.append(SweepConfig(f"poisson-gap{gap:g}-s{seed}", arrival="poisson", mean_gap_steps=gap,
+                                   questions=10, seed=seed))
+    # Documents longer than T (several chunks per document).
+    for t, seed in ((256, 0), (384, 1), (512, 2)):
+        configs.append(SweepConfig(f"longdoc-T{t}-s{seed}", doc_len=(600, 1100), max_num_batched_tokens=t,
+                                   num_gpu_blocks=800, output_len=(1, 20), seed=seed))
+    # The async scheduler (two steps in flight, as vLLM's engine runs it).
+    for blocks, seed in ((120, 0), (400, 1), (64, 2)):
+        configs.append(SweepConfig(f"async-kv{blocks}-s{seed}", async_scheduling=True, num_gpu_blocks=blocks,
+                                   seed=seed))
+    # Multi-candidate QA shape: one output token per branch, a wider batch.
+    for s, seed in ((16, 0), (4, 1)):
+        configs.append(SweepConfig(f"qa1tok-S{s}-s{seed}", output_len=(1, 1), max_num_seqs=s,
+                                   max_num_batched_tokens=2048, questions=12, seed=seed))
+    # Prefill cadence held to native behaviour.
+    configs.append(SweepConfig("cadence4-s0", prefill_schedule_interval=4, seed=0))
+    return configs
+
+
+def smoke_configs() -> list[SweepConfig]:
+    """A handful of the sweep's configs, one per family, small enough for a test."""
+    wanted = ("decode-kv80-s0", "kvtight-kv56-s1", "priority-kv80-s2", "poisson-gap3-s1", "longdoc-T256-s0",
+              "async-kv64-s2", "qa1tok-S16-s0", "cadence4-s0")
+    by_name = {c.name: c for c in sweep_configs()}
+    return [by_name[n] for n in wanted]
+
+
+def with_seed(config: SweepConfig, seed: int) -> SweepConfig:
+    return replace(config, seed=seed, name=f"{config.name}-seed{seed}")

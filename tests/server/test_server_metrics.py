@@ -1,0 +1,85 @@
+"""/metrics over HTTP: gauges refreshed after every change (an abort that leaves the engine idle),
+pools split into held / cached / free, the model label, TPOT and inter-token latency, and the
+snapshot mode the server was started with."""
+
+from __future__ import annotations
+
+import httpx
+from server_harness import metric, scrape, start_server
+
+QUEUES = ("pending", "held", "waiting", "running")
+
+
+def _pools(samples, name: str) -> dict[str, float]:
+    return {k: metric(samples, name, kind=k) for k in ("held", "cached", "free", "total")}
+
+
+def test_gauges_after_an_abort_leaves_the_engine_idle(hybrid_server):
+    body = {"prompt": "abandon me " * 20, "max_tokens": 500, "ignore_eos": True, "stream": True,
+            "namespace": "gauges"}
+    with httpx.stream("POST", hybrid_server.url + "/v1/completions", json=body, timeout=60) as s:
+        lines = s.iter_lines()
+        for _ in range(6):  # a few tokens: the branch is decoding, it holds pages and a state slot
+            next(lines)
+        during = scrape(hybrid_server.url)
+    # the client left mid-stream: the request is aborted
+    report = hybrid_server.wait_idle()
+    after = scrape(hybrid_server.url)
+    assert metric(during, "radixflow_queue_length", state="running") == 1
+    pages, slots = _pools(during, "radixflow_kv_pages"), _pools(during, "radixflow_state_slots")
+    assert pages["held"] + pages["cached"] + pages["free"] == pages["total"]
+    assert slots["held"] >= 1  # the decoding branch's working state
+    assert {q: metric(after, "radixflow_queue_length", state=q) for q in QUEUES} == dict.fromkeys(QUEUES, 0.0)
+    pages, slots = _pools(after, "radixflow_kv_pages"), _pools(after, "radixflow_state_slots")
+    assert pages["held"] == 0 and slots["held"] == 0
+    assert pages["cached"] > 0 and slots["cached"] > 0  # what the aborted branch published stays cached
+    assert pages["held"] + pages["cached"] + pages["free"] == pages["total"]
+    assert pages == {k: float(v) for k, v in report["kv_pages"].items()}  # the gauges say what the pools say
+    assert slots == {k: float(v) for k, v in report["state_slots"].items()}
+    assert metric(after, "radixflow_aborted_requests_total") >= 1
+
+
+def test_tpot_and_inter_token_latency(hybrid_server):
+    def counts():
+        s = scrape(hybrid_server.url)
+        return (metric(s, "radixflow_time_per_output_token_seconds_count"),
+                metric(s, "radixflow_inter_token_latency_seconds_count"),
+                metric(s, "radixflow_inter_token_latency_seconds_sum"))
+
+    hybrid_server.wait_idle()
+    tpot0, itl0, itl_sum0 = counts()
+    r = hybrid_server.post("/v1/completions", json={"prompt": ["t1", "t2"], "max_tokens": 8, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
+    tpot1, itl1, itl_sum1 = counts()
+    assert tpot1 - tpot0 == 2  # one per finished branch
+    assert itl1 - itl0 == 14  # 7 gaps between 8 tokens, per branch
+    assert itl_sum1 > itl_sum0
+
+
+def test_every_metric_carries_the_served_model_name():
+    live = start_server("tiny-qwen3", served_model_name="my-model")
+    try:
+        r = live.post("/v1/completions", json={"model": "my-model", "prompt": "a", "max_tokens": 1})
+        assert r.status_code == 200
+        samples = scrape(live.url)
+        assert samples and all(("model_name", "my-model") in labels for _, labels in samples)
+        assert metric(samples, "radixflow_requests_total", endpoint="/v1/completions", status="200") == 1
+    finally:
+        live.stop()
+
+
+def test_snapshot_mode_is_honoured(hybrid_server):
+    """chunk-end snapshots only where a chunk ends; every-boundary at each state interval (64)."""
+    live = start_server("tiny-qwen3.5", snapshot_mode="chunk-end")
+    try:
+        body = {"prompt": list(range(1, 301)), "max_tokens": 1, "namespace": "snapshot-mode"}
+        made = {}
+        for name, server in (("every-boundary", hybrid_server), ("chunk-end", live)):
+            before = server.wait_idle()
+            assert server.post("/v1/completions", json=body).status_code == 200
+            after = server.wait_idle()
+            assert after["snapshot_mode"] == name and after["integrity"] == "ok"
+            made[name] = after["snapshots"] - before["snapshots"]
+        assert made["every-boundary"] >= 4 > made["chunk-end"] >= 1, made
+    finally:
+        live.stop()
