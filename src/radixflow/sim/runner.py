@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from radixflow.cache.eviction import ReuseCosts
 from radixflow.config import SchedulerConfig
 from radixflow.core.branch import Branch
 from radixflow.core.loop import run_trace
@@ -58,7 +59,8 @@ def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
     parts = []
     runs = []
     for branches in workloads:
-        sched = Scheduler(setup.scheduler_config(), arm, setup.spec.is_hybrid)
+        cfg = setup.scheduler_config()
+        sched = Scheduler(cfg, arm, setup.spec.is_hybrid, reuse_costs(setup.spec, cfg.block_size))
 
         def hook(s, batch):
             if setup.check:
@@ -66,9 +68,19 @@ def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
             if setup.round_hook is not None:
                 setup.round_hook(s, batch)
 
-        res = run_trace(sched, SimExecutor(setup.cost_model(setup.spec, setup.gpu), setup.spec.vocab_size),
+        cost = setup.cost_model(setup.spec, setup.gpu)
+        cost.block_size = cfg.block_size  # what a page copy moves
+        res = run_trace(sched, SimExecutor(cost, setup.spec.vocab_size),
                         fresh_copies(branches), on_round=hook, progress=progress)
         parts.append(measure(arm.name, res))
         runs.append(res)
     return merge(arm.name, parts), runs
 
+
+def reuse_costs(spec: ModelSpec, block_size: int) -> ReuseCosts:
+    """The model's prefill FLOPs and cache bytes, for `flop-aware` eviction."""
+    return ReuseCosts(flops_per_token=spec.flops_per_token,
+                      flops_per_pair=spec.attention_flops(1, 1) - spec.attention_flops(1, 0),
+                      recurrent_flops_per_token=spec.recurrent_flops(1),
+                      page_bytes=spec.kv_bytes_per_token * block_size,
+                      slot_bytes=spec.state_bytes_per_snapshot if spec.is_hybrid else 0)
