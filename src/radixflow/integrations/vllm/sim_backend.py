@@ -105,6 +105,7 @@ class _Record:
     blocked_total: int = 0
     preemptions: int = 0
     max_level: int = 0
+    exact_checkpoints: int = 0  # branch-point snapshots (SPEC §14): vLLM makes none
 
 
 def run_vllm_trace(cfg: SchedulerConfig, arm: Arm, cost: CostModel, branches: list[Branch], hybrid: bool,
