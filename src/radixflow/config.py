@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-SNAPSHOT_MODES = ("every-boundary", "chunk-end")
+SNAPSHOT_MODES = ("every-boundary", "chunk-end", "vllm-align")
+CHECKPOINT_MODES = ("boundary", "branch")
 
 
 def _opt(default, help: str, **kw):
@@ -26,7 +27,22 @@ class SchedulerConfig:
     snapshot_mode: str = _opt("every-boundary", "hybrid models: 'every-boundary' snapshots every state-interval "
                                                 "boundary a chunk crosses, plus a finished branch's end (SPEC §2); "
                                                 "'chunk-end' snapshots only where a chunk ends on a boundary and "
-                                                "splits a prompt's last chunk there (vLLM 0.33's align mode)")
+                                                "splits a prompt's last chunk there; 'vllm-align' is vLLM 0.33's "
+                                                "align mode as vLLM computes it: the block = state interval = "
+                                                "vLLM's hybrid block size, its split and junction stops "
+                                                "(core/vllm_split.py)")
+    internal_checkpoint: bool = _opt(False, "vllm-align: every state layer exports the prompt's last block-"
+                                            "boundary state from inside the final chunk (vLLM's "
+                                            "mamba_has_prefill_checkpoint_blocks), so that chunk is not cut")
+    prefix_match_unit: int = _opt(0, "vllm-align: vLLM's --prefix-match-unit (hash block) in tokens; 0 = the block "
+                                     "(vLLM's default: no partial hits). A finer unit is modelled only by "
+                                     "--scheduler vllm")
+    checkpoints: str = _opt("boundary", "hybrid models: 'boundary' snapshots state only at interval/block "
+                                        "boundaries and a finished branch's last page; 'branch' also at the "
+                                        "exact depth where a known branch diverges (a sibling, a waiting branch, "
+                                        "a cached path) and at the exact end of every prompt and finished "
+                                        "branch, inside the same forward (SPEC §14). Full attention: every page "
+                                        "is already a checkpoint, so both modes behave alike")
     num_kv_pages: int = _opt(1 << 20, "KV pool size in pages")
     num_state_slots: int = _opt(1 << 16, "state snapshot pool size in slots (hybrid models)")
     cache_memory_bytes: int = _opt(0, "if > 0: pages and slots share this many bytes (a unified pool, as "
@@ -34,7 +50,8 @@ class SchedulerConfig:
     kv_page_bytes: int = _opt(0, "bytes of one KV page (with cache_memory_bytes)")
     state_slot_bytes: int = _opt(0, "bytes of one state slot (with cache_memory_bytes)")
     eviction: str = _opt("lru", "prefix-cache eviction policy: lru (node-level, a hit refreshes the whole "
-                                "path) | rr-tail[:N] (round-robin tail chunks of N pages over idle paths)")
+                                "path) | rr-tail[:N] (round-robin tail chunks of N pages over idle paths) | "
+                                "flop-aware[:W] (prefill FLOPs saved per byte, blended with recency weight W)")
 
     def validate(self) -> None:
         if self.block_size < 1:
@@ -52,6 +69,8 @@ class SchedulerConfig:
                              f"state interval ({self.state_interval}); chunked prefill could never advance")
         if self.snapshot_mode not in SNAPSHOT_MODES:
             raise ValueError(f"unknown snapshot mode {self.snapshot_mode!r}; choose from {', '.join(SNAPSHOT_MODES)}")
+        if self.checkpoints not in CHECKPOINT_MODES:
+            raise ValueError(f"unknown checkpoint mode {self.checkpoints!r}; choose from {', '.join(CHECKPOINT_MODES)}")
         if self.num_kv_pages < 1:
             raise ValueError("the KV pool needs at least one page")
 

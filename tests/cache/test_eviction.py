@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixflow.cache.eviction import EVICTION_POLICIES, LRU, get_eviction, parse_evictions
+from radixflow.cache.eviction import EVICTION_POLICIES, LRU, FlopAware, ReuseCosts, get_eviction, parse_evictions
 from radixflow.cache.pool import IdPool
 from radixflow.cache.radix import RadixIndex, chain_hashes
 
@@ -186,7 +186,8 @@ ops = st.lists(
 )
 
 
-@pytest.mark.parametrize("policy", ["lru", "rr-tail", "rr-tail:1", "rr-tail:3", "level-tail:2"])
+@pytest.mark.parametrize("policy", ["lru", "rr-tail", "rr-tail:1", "rr-tail:3", "level-tail:2", "flop-aware",
+                                    "flop-aware:0", "flop-aware:1"])
 @pytest.mark.parametrize("slots", [0, 6])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seq=ops)
@@ -236,3 +237,53 @@ def test_random_eviction_sequences_keep_the_invariants(policy, slots, seq):
     index.reset()
     check_prefix_closed(index)
     assert index.pages.num_free == index.pages.capacity
+
+
+# ----------------------------------------------------------------------------- flop-aware
+def test_flop_aware_registry_and_weight():
+    assert isinstance(get_eviction("flop-aware"), FlopAware)
+    assert get_eviction("flop-aware:0.2").recency_weight == 0.2
+    for bad in ("flop-aware:2", "flop-aware:x"):
+        with pytest.raises(ValueError, match="recency weight"):
+            get_eviction(bad)
+
+
+def test_flop_aware_keeps_the_deep_expensive_path_over_a_newer_cheap_one():
+    # Pure efficiency (weight 0): a long history saves quadratically more attention FLOPs per page.
+    index = make_index("flop-aware:0", pages=40)
+    index.eviction.costs = ReuseCosts(flops_per_token=1.0, flops_per_pair=1.0)
+    deep = put(index, tuple(range(100, 124)), "a", now=0.0)  # 12 pages, older
+    put(index, tuple(range(500, 512)), "b", now=5.0)  # 6 pages, newer
+    assert index.evict_pages(6) >= 6
+    assert cached_len(index, tuple(range(100, 124)), "a") == 24 and deep.depth == 24
+    assert cached_len(index, tuple(range(500, 512)), "b") == 0
+
+
+def test_flop_aware_recency_only_is_lru_order():
+    index = make_index("flop-aware:1", pages=40)
+    put(index, tuple(range(100, 124)), "a", now=0.0)
+    put(index, tuple(range(500, 512)), "b", now=5.0)
+    index.evict_pages(6)
+    assert cached_len(index, tuple(range(100, 124)), "a") < 24
+    assert cached_len(index, tuple(range(500, 512)), "b") == 12
+
+
+def test_flop_aware_drops_dead_hybrid_kv_first():
+    # A hybrid leaf with no snapshot in it cannot be resumed from: it goes before any useful path.
+    index = make_index("flop-aware", pages=40, slots=4)
+    put(index, tuple(range(100, 112)), "a", now=0.0, snapshot=True)  # old, resumable
+    put(index, tuple(range(300, 312)), "b", now=9.0, snapshot=False)  # new, dead
+    index.evict_pages(6)
+    assert cached_len(index, tuple(range(300, 312)), "b") == 0
+    assert cached_len(index, tuple(range(100, 112)), "a") == 12
+
+
+def test_flop_aware_snapshot_superseded_below_goes_first():
+    index = make_index("flop-aware:0", pages=40, slots=4)
+    toks = tuple(range(100, 120))
+    put(index, toks[:8], "a", now=0.0, snapshot=True)  # turn 1 end, superseded by turn 2's
+    put(index, toks, "a", now=1.0, snapshot=True)  # turn 2 end
+    other = put(index, tuple(range(700, 708)), "b", now=2.0, snapshot=True)
+    assert index.evict_snapshots(1) == 1
+    shallow = index.node_at(index.match(chain_hashes("a", toks[:8], BS)))
+    assert shallow.snapshot is None and other.snapshot is not None

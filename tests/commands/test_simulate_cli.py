@@ -41,3 +41,26 @@ def test_bad_trace_file(tmp_path):
     r = subprocess.run([sys.executable, "-m", "radixflow.cli", "simulate", "--workload", str(p)],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "missing field" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_checkpoints_flag_reports_misses_by_cause(tmp_path):
+    """vLLM-sized blocks: branch checkpoints recover the within-block sharing; the JSON splits the prompt."""
+    reuse = {}
+    for mode in ("boundary", "branch"):
+        out = tmp_path / f"{mode}.json"
+        assert main(["simulate", "--model", "qwen3.5-0.8b", "--questions", "12", "--rate", "3", "--stream", "cold",
+                     "--order", "forward", "--policy", "radixflow", "--block-size", "528", "--state-interval", "528",
+                     "--checkpoints", mode, "--check", "--json", str(out)]) == 0
+        arm = json.loads(out.read_text())["arms"][0]
+        m = arm["misses"]
+        assert m["ready_hit"] + m["checkpoint_missing"] + m["evicted"] + m["no_shared_prefix"] == m["prompt"]
+        assert m["ready_hit"] == arm["cached_tokens"] and m["identity_hit"] >= m["ready_hit"]
+        assert (arm["exact_checkpoints"] > 0) == (mode == "branch") and arm["capture_time"] > 0
+        reuse[mode] = arm["reuse_rate"]
+    assert reuse["branch"] > reuse["boundary"] + 5
+
+
+def test_unknown_checkpoint_mode_is_refused():
+    r = subprocess.run([sys.executable, "-m", "radixflow.cli", "simulate", "--workload", "figure1",
+                        "--checkpoints", "everywhere"], capture_output=True, text=True)
+    assert r.returncode != 0 and "everywhere" in r.stderr

@@ -62,3 +62,23 @@ def test_simulate_dispatches_session_workloads(tmp_path, capsys):
     # No --cache-capacity: pools sized from GPU memory, nothing is evicted.
     assert main(["simulate", "--workload", "agentic", "--model", "qwen3.5-0.8b", "--agents", "2", "--calls", "2",
                  "--context-len", "64", "--eviction", "rr-tail"]) == 0
+
+
+def test_branch_checkpoints_give_exact_hits_with_16_token_pages(tmp_path, capsys):
+    """SPEC §10 on a hybrid model, 16-token pages, 512-token interval: boundary mode rounds the ready
+    hit down to a page; branch checkpoints resume at the exact end of the last turn."""
+    base = [*CHAPTER, "--model", "qwen3.5-4b", "--block-size", "16", "--state-interval", "512",
+            "--variant", "rewrite-turn2"]
+    hits = {}
+    for mode in ("boundary", "branch"):
+        path = tmp_path / f"{mode}.json"
+        assert main([*base, "--checkpoints", mode, "--json", str(path)]) == 0
+        data = json.loads(path.read_text())
+        assert data["checkpoints"] == mode
+        hits[mode] = [t["ready_hit"] for t in data["turns"]] + [data["variants"][0]["ready_hit"]]
+        for t in data["turns"] + data["variants"]:
+            m = t["misses"]
+            assert t["ready_hit"] + m["checkpoint_missing"] + m["evicted"] + m["no_shared_prefix"] == t["request_len"]
+    assert hits["boundary"] == [0, 416, 656, 880, 1120, 416]
+    assert hits["branch"] == [0, 430, 660, 890, 1120, 430]
+    assert "ckpt missing" in capsys.readouterr().out

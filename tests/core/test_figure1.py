@@ -36,7 +36,8 @@ def test_merged_latency_percentiles_pool_the_requests():
     from radixflow.core.metrics import ArmMeasures, merge, percentile
 
     def part(lat):
-        base = {f: 0 for f in ArmMeasures.__dataclass_fields__ if f not in ("policy", "latencies", "lower_bound")}
+        skip = ("policy", "latencies", "lower_bound", "misses")
+        base = {f: 0 for f in ArmMeasures.__dataclass_fields__ if f not in skip}
         return ArmMeasures(policy="x", lower_bound=None, **{**base, "requests": len(lat), "rounds": 1,
                                                              "tokens": 1, "max_num_seqs": 1}, latencies=lat)
 

@@ -43,6 +43,7 @@ budgets = st.fixed_dictionaries({
     "kv_page_bytes": st.just(10),
     "state_slot_bytes": st.just(40),
     "snapshot_mode": st.sampled_from(["every-boundary", "chunk-end"]),
+    "checkpoints": st.sampled_from(["boundary", "branch"]),
 })
 
 

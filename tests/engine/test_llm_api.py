@@ -51,3 +51,12 @@ def test_bad_params_name_the_field():
         SamplingParams(top_p=0)
     with pytest.raises(ValueError, match="unknown policy"):
         LLM("tiny-qwen3", policy="fastest")
+
+
+def test_checkpoints_reach_the_scheduler():
+    llm = LLM("tiny-qwen3.5", kv_cache_memory=16 << 20, max_num_seqs=4, max_num_batched_tokens=256,
+              state_interval=64, checkpoints="branch")
+    assert llm.engine.scheduler_config.checkpoints == "branch"
+    assert llm.engine.scheduler.branch_points is not None
+    with pytest.raises(ValueError, match="checkpoint mode"):
+        LLM("tiny-qwen3.5", kv_cache_memory=16 << 20, checkpoints="sometimes")

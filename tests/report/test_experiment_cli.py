@@ -31,5 +31,8 @@ def test_experiment_cli_passes_the_snapshot_mode_to_the_scheduler(tmp_path, caps
     cell = tmp_path / "cells" / "qa__qwen3.5-4b__radix__cold__forward.json"
     assert json.loads(cell.read_text())["meta"]["fingerprint"]["snapshot_mode"] == "chunk-end"
     capsys.readouterr()
-    assert main(args) == 0  # another mode: the cell is run again
-    assert json.loads(cell.read_text())["meta"]["fingerprint"]["snapshot_mode"] == "every-boundary"
+    assert main(args) == 0  # another mode (the preset's default, vLLM's own): the cell is run again
+    meta = json.loads(cell.read_text())["meta"]
+    assert meta["fingerprint"]["snapshot_mode"] == "vllm-align"
+    assert meta["block_size"] == 528  # vLLM's block for Qwen3.5-4B (fp32 SSM state)
+    assert meta["branch_gap"] == 0.0005

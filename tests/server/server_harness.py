@@ -70,10 +70,12 @@ class LiveServer:
 def start_server(model: str = "tiny-qwen3.5", *, block_size: int = 16, state_interval: int = 64,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 1024, max_model_len: int = 2048,
                  kv_cache_memory: int = 64 << 20, max_queue: int = 1024, policy: str = "radixflow",
-                 snapshot_mode: str = "every-boundary", wait: bool = True, **server_kw) -> LiveServer:
+                 snapshot_mode: str = "every-boundary", wait: bool = True, checkpoints: str = "boundary",
+                 **server_kw) -> LiveServer:
     """`server_kw`: further ServerConfig fields (max_body_bytes, max_branches_per_request, ...)."""
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                            block_size=block_size, state_interval=state_interval, snapshot_mode=snapshot_mode)
+                            block_size=block_size, state_interval=state_interval, snapshot_mode=snapshot_mode,
+                            checkpoints=checkpoints)
     engine = EngineConfig(model=model, policy=policy, scheduler=sched, kv_cache_memory=kv_cache_memory,
                           max_model_len=max_model_len)
     port = free_port()

@@ -27,11 +27,13 @@ def test_flags_build_the_engine_config():
     serve.add_arguments(p)
     args = p.parse_args(["--model", "tiny-qwen3", "--policy", "radix", "--max-num-seqs", "4",
                          "--max-num-batched-tokens", "512", "--block-size", "8", "--state-interval", "64",
-                         "--kv-cache-memory", "32MiB", "--max-model-len", "1024", "--max-queue", "7"])
+                         "--kv-cache-memory", "32MiB", "--max-model-len", "1024", "--max-queue", "7",
+                         "--checkpoints", "branch"])
     cfg = serve.engine_config(args)
     assert (cfg.model, cfg.policy, cfg.kv_cache_memory, cfg.max_model_len) == ("tiny-qwen3", "radix", 32 << 20, 1024)
     sc = cfg.scheduler
     assert (sc.max_num_seqs, sc.max_num_batched_tokens, sc.block_size, sc.state_interval) == (4, 512, 8, 64)
+    assert sc.checkpoints == "branch"
     assert args.max_queue == 7
 
 

@@ -44,3 +44,25 @@ def test_five_turns_hybrid(hybrid_server):
     lengths, cached = converse(hybrid_server, "multiturn-hybrid")
     assert lengths == [280, 510, 740, 970, 1200]
     assert cached == [0, 416, 656, 880, 1104]
+
+
+def test_five_turns_hybrid_with_branch_checkpoints():
+    """--checkpoints branch: each finished turn leaves a snapshot at its exact computed length, so the
+    hybrid model gets the full-attention figures (one token short of SPEC's, as above)."""
+    import re
+
+    import httpx
+    from server_harness import start_server
+
+    live = start_server("tiny-qwen3.5", checkpoints="branch")
+    try:
+        lengths, cached = converse(live, "multiturn-branch")
+        assert lengths == [280, 510, 740, 970, 1200]
+        assert cached == [0, 429, 659, 889, 1119]
+        body = httpx.get(live.url + "/metrics", timeout=10).text
+        by_cause = {re.search(r'cause="([^"]+)"', line).group(1): float(line.split()[-1])
+                    for line in body.splitlines() if line.startswith("radixflow_prompt_tokens_by_cause_total{")}
+        assert by_cause["ready_hit"] == sum(cached)
+        assert sum(by_cause.values()) == sum(lengths)
+    finally:
+        live.stop()

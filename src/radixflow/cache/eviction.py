@@ -1,4 +1,4 @@
-"""Eviction policies of the prefix index, chosen by name (`--eviction lru|rr-tail`).
+"""Eviction policies of the prefix index, chosen by name (`--eviction lru|rr-tail|level-tail|flop-aware`).
 
 A policy frees memory from the two pools of the hybrid cache: KV pages (`evict_pages`) and state
 snapshot slots (`evict_snapshots`). It only ever removes tails: an unlocked leaf, or the last pages
@@ -13,6 +13,9 @@ of one, so the tree stays prefix-closed and nothing a running branch holds is to
   state snapshot (see docs/eviction.md): KV past the last snapshot cannot be resumed from anyway.
 - `level-tail`: the same cuts, always from the deepest idle trajectory (water-filling), so every
   idle history is levelled to one depth whatever its idle time.
+- `flop-aware[:W]`: prefill FLOPs a victim's reuse would save per byte it holds, blended with recency
+  (weight W, default 0.5), for KV leaves and snapshots alike (Marconi's idea). The model's costs are
+  passed in (`ReuseCosts`); without them tokens and units are counted.
 
 The policies are the index's friends: they use its private helpers (`_remove_leaf`, `_split`, ...),
 which keep the hash dict, the leaf set and the snapshot set consistent. The index passes itself in;
@@ -26,7 +29,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from radixflow.cache.node import Node
+from radixflow.cache.node import Node, Snapshot
 from radixflow.cache.pool import IdPool
 
 
@@ -37,6 +40,7 @@ class IndexInternals(Protocol):
     slots: IdPool
     _leaves: set[Node]  # unlocked or not, every node without children
     _snap_nodes: dict[Node, None]  # nodes holding a snapshot, least recently used first
+    _tails: dict[Snapshot, None]  # tail snapshots (exact-depth checkpoints), least recently used first
 
     def _evictable(self, node: Node) -> bool: ...
 
@@ -45,6 +49,8 @@ class IndexInternals(Protocol):
     def _split(self, node: Node, k: int) -> Node: ...
 
     def _drop_snapshot(self, node: Node) -> None: ...
+
+    def drop_tail(self, snap: Snapshot) -> None: ...
 
 
 class EvictionPolicy(Protocol):
@@ -235,8 +241,156 @@ def _snapshot_at_or_above(leaf: Node, depth: int) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- FLOP-aware
+@dataclass
+class ReuseCosts:
+    """What `flop-aware` needs to know of the model, passed in (the cache imports no model spec).
+
+    The defaults count tokens and units: without a model, a token saved is a token saved and a page
+    weighs as much as a slot."""
+
+    flops_per_token: float = 1.0  # dense prefill FLOPs per token
+    flops_per_pair: float = 0.0  # attention FLOPs per (query, earlier key) pair: deep tokens cost more
+    recurrent_flops_per_token: float = 0.0
+    page_bytes: float = 1.0
+    slot_bytes: float = 1.0
+
+    def prefill_flops(self, start: int, end: int) -> float:
+        """FLOPs to prefill positions [start, end) after `start` cached tokens."""
+        n = max(0, end - start)
+        pairs = n * start + n * (n + 1) / 2
+        return (self.flops_per_token + self.recurrent_flops_per_token) * n + self.flops_per_pair * pairs
+
+
+@dataclass
+class FlopAware:
+    """Marconi's idea: keep what saves the most prefill FLOPs per byte, blended with recency.
+
+    A victim's value is the prefill it would cost to lose: for a snapshot, the FLOPs from the nearest
+    snapshot above it to its depth (a quarter of that when a deeper snapshot below it already serves
+    its path); for a leaf of KV pages, the same for the snapshots it carries, or, on a full-attention
+    cache, the FLOPs of its own tokens. A hybrid leaf without a snapshot is dead KV (nothing can resume
+    inside it): value 0. Efficiency = value / bytes held; the score blends the rank of efficiency with
+    the rank of recency (`recency_weight`), lowest evicted first. Tail snapshots (exact-depth
+    checkpoints) compete with everything else.
+    """
+
+    recency_weight: float = 0.5
+    costs: ReuseCosts = field(default_factory=ReuseCosts)
+    name: str = "flop-aware"
+    handles_tails: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.recency_weight <= 1.0:
+            raise ValueError(f"flop-aware recency weight must be in [0, 1], got {self.recency_weight}")
+
+    def evict_pages(self, index: IndexInternals, need: int) -> int:
+        freed = 0
+        while freed < need:
+            cands = [(n, *self._leaf_value(index, n)) for n in index._leaves if index._evictable(n)]
+            cands += [(t, *self._snap_value(index, t)) for t in index._tails if _droppable(t)]
+            if not cands:
+                break
+            progressed = False
+            for victim in self._ranked(cands):
+                if freed >= need:
+                    break
+                if hasattr(victim, "slot"):  # a tail snapshot: one page and one slot
+                    if victim in index._tails and _droppable(victim):
+                        index.drop_tail(victim)
+                        freed += 1
+                        progressed = True
+                elif not victim.children and index._evictable(victim) and victim in index._leaves:
+                    freed += index._remove_leaf(victim)
+                    progressed = True
+            if not progressed:
+                break
+        return freed
+
+    def evict_snapshots(self, index: IndexInternals, need: int) -> int:
+        cands = [(n.snapshot, *self._snap_value(index, n.snapshot)) for n in index._snap_nodes
+                 if _droppable(n.snapshot)]
+        cands += [(t, *self._snap_value(index, t)) for t in index._tails if _droppable(t)]
+        dropped = 0
+        for snap in self._ranked(cands)[:need]:
+            if snap.tail:
+                index.drop_tail(snap)
+            else:
+                index._drop_snapshot(snap.node)
+            dropped += 1
+        return dropped
+
+    # ------------------------------------------------------------------ helpers
+    def _ranked(self, cands: list[tuple]) -> list:
+        """Victims, lowest blended score first. cands: (victim, efficiency, last_access)."""
+        n = len(cands)
+        if n == 1:
+            return [cands[0][0]]
+        by_eff = sorted(range(n), key=lambda i: cands[i][1])
+        by_age = sorted(range(n), key=lambda i: cands[i][2])
+        score = [0.0] * n
+        w = self.recency_weight
+        for r, i in enumerate(by_eff):
+            score[i] += (1 - w) * r / (n - 1)
+        for r, i in enumerate(by_age):
+            score[i] += w * r / (n - 1)
+        # Worthless victims (dead KV) go first whatever their age; then the blended score.
+        return [cands[i][0] for i in sorted(range(n), key=lambda i: (cands[i][1] > 0, score[i], cands[i][2]))]
+
+    def _leaf_value(self, index: IndexInternals, leaf: Node) -> tuple[float, float]:
+        c = self.costs
+        held = len(leaf.pages) * c.page_bytes
+        if index.slots.capacity == 0:  # full attention: every page is a resume point
+            return c.prefill_flops(leaf.start, leaf.depth) / max(held, 1e-9), leaf.last_access
+        snaps = [t for t in leaf.tails] + ([leaf.snapshot] if leaf.snapshot is not None else [])
+        if not snaps:
+            return 0.0, leaf.last_access  # dead KV: no state to resume from anywhere in it
+        held += sum(c.slot_bytes + (c.page_bytes if s.tail else 0) for s in snaps)
+        deepest = max(s.depth for s in snaps)
+        value = c.prefill_flops(_snapshot_above(leaf.parent), deepest)
+        return value / max(held, 1e-9), max(leaf.last_access, max(s.last_access for s in snaps))
+
+    def _snap_value(self, index: IndexInternals, snap) -> tuple[float, float]:
+        c = self.costs
+        node = snap.node
+        above = node.depth if snap.tail and node.snapshot is not None else _snapshot_above(
+            node if snap.tail else node.parent)
+        value = c.prefill_flops(above, snap.depth)
+        if _served_below(node, snap):
+            value *= 0.25
+        held = c.slot_bytes + (c.page_bytes if snap.tail else 0)
+        return value / max(held, 1e-9), snap.last_access
+
+
+def _droppable(snap) -> bool:
+    return snap.published and snap.lock == 0
+
+
+def _snapshot_above(node: Node | None) -> int:
+    """Depth of the deepest snapshot at or above `node` (0: a cold start)."""
+    while node is not None and not node.is_root:
+        if node.snapshot is not None:
+            return node.depth
+        node = node.parent
+    return 0
+
+
+def _served_below(node: Node, snap) -> bool:
+    """True when a deeper snapshot on the same path already serves what `snap` serves."""
+    stack = [c for c in node.children.values() if not snap.tail or c.key[: len(snap.tail)] == snap.tail]
+    if not snap.tail and any(t for t in node.tails):
+        return True
+    while stack:
+        n = stack.pop()
+        if n.snapshot is not None or n.tails:
+            return True
+        stack.extend(n.children.values())
+    return False
+
+
 # ----------------------------------------------------------------------------- registry
-EVICTION_POLICIES: dict[str, type] = {"lru": LRU, "rr-tail": RoundRobinTail, "level-tail": LevelTail}
+EVICTION_POLICIES: dict[str, type] = {"lru": LRU, "rr-tail": RoundRobinTail, "level-tail": LevelTail,
+                                      "flop-aware": FlopAware}
 
 
 def get_eviction(spec: str) -> EvictionPolicy:
@@ -248,6 +402,12 @@ def get_eviction(spec: str) -> EvictionPolicy:
                          f"(rr-tail:N and level-tail:N set the chunk to N pages)")
     if not arg:
         return cls()
+    if cls is FlopAware:
+        try:
+            return FlopAware(recency_weight=float(arg))
+        except ValueError as e:
+            raise ValueError(f"bad eviction policy {spec!r}: flop-aware:W takes a recency weight in [0, 1] "
+                             f"({e})") from None
     if not issubclass(cls, RoundRobinTail) or not arg.isdigit():
         raise ValueError(f"bad eviction policy {spec!r}: only the tail policies take a chunk size, "
                          f"as rr-tail:N pages")

@@ -16,6 +16,8 @@ class Snapshot:
     last_access: float = 0.0
     level: int = 0  # dependency depth of the fragment that produced it (for the lower bound)
     node: Node | None = field(default=None, repr=False, compare=False)  # the node it sits on
+    tail: tuple[int, ...] = ()  # tokens past node.depth (an exact-depth checkpoint inside a page)
+    tail_page: int | None = None  # KV page owned by a tail snapshot: the K/V of `tail`
 
 
 @dataclass(eq=False)
@@ -31,6 +33,7 @@ class Node:
     last_access: float = 0.0
     pending: bool = False  # pages registered this round, not yet computed
     snapshot: Snapshot | None = None
+    tails: list[Snapshot] = field(default_factory=list)  # exact-depth snapshots inside the next page
 
     @property
     def start(self) -> int:

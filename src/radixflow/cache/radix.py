@@ -9,6 +9,12 @@ A node owns the pages of its key. A snapshot (every linear layer's recurrent + c
 the END of a node; `published` says whether it is in the published set C_t. Pages and snapshots
 registered during a round are `pending` until `publish()` runs after that round's execution.
 Invariant (checked by `check_integrity`): a snapshot only sits on a node whose whole KV path exists.
+
+Exact-depth checkpoints (`--checkpoints branch`, SPEC §14) may end inside a page: such a snapshot is
+a *tail* on the node ending at the last whole page before its depth; it carries the tail's tokens
+and owns one KV page holding their K/V (a copy, so the resume is exact). A consumer copies that page
+into a private one and resumes at the exact token. Tails go with their node and are evicted like
+every snapshot.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from radixflow.cache.eviction import EvictionPolicy, get_eviction
+from radixflow.cache.ghosts import Ghosts
 from radixflow.cache.node import Node, Snapshot
 from radixflow.cache.pool import IdPool
 
@@ -64,6 +71,8 @@ class RadixIndex:
         self._snap_nodes: dict[Node, None] = {}  # in least-recently-used order (oldest first)
         self._pending_nodes: list[Node] = []
         self._pending_snaps: list[Snapshot] = []
+        self._tails: dict[Snapshot, None] = {}  # tail snapshots in least-recently-used order
+        self.ghosts = Ghosts()  # what eviction took, so a later miss can be blamed on it
         self.evicted_pages = 0
         self.evicted_snapshots = 0
         self.num_locked_pages = 0  # pages in nodes with lock_ref > 0 (kept on lock/unlock)
@@ -238,6 +247,94 @@ class RadixIndex:
             self._pending_snaps.append(snap)
         return snap
 
+    def attach_tail(self, node: Node, tail: tuple[int, ...], slot: int, page: int, producer: int | None,
+                    now: float) -> Snapshot | None:
+        """An exact-depth snapshot `len(tail)` tokens past the end of `node` (inside its next page),
+        owning `page` (the K/V of `tail`); None if the same tail is already there (caller keeps both)."""
+        assert 0 < len(tail) < self.block_size, "a tail lies inside one page"
+        if self.find_tail(node, tail) is not None:
+            return None
+        snap = Snapshot(slot, node.depth + len(tail), published=producer is None, producer=producer,
+                        last_access=now, tail=tuple(tail), tail_page=page)
+        snap.node = node
+        node.tails.append(snap)
+        self._tails[snap] = None
+        if producer is not None:
+            self._pending_snaps.append(snap)
+        return snap
+
+    def find_tail(self, node: Node, tail: tuple[int, ...]) -> Snapshot | None:
+        for s in node.tails:
+            if s.tail == tail:
+                return s
+        return None
+
+    def root(self, namespace: str) -> Node:
+        """The (page-less) root of a namespace; tails shorter than one page hang on it."""
+        return self._root(namespace)
+
+    def exact_boundary(self, namespace: str, m: Match, tokens, limit: int) -> Boundary:
+        """Deepest snapshot a branch with `tokens` can resume from, tails included, at depth <= limit.
+
+        Like `boundary`: when the deepest one is pending, `blocking` names it and `ready` is the deepest
+        published one below it."""
+        node = m.node if m.node is not None else self._roots.get(namespace)
+        blocking = None
+        while node is not None:
+            if node.depth <= min(m.depth, limit):
+                found = self._deepest_tail(node, tokens, limit)
+                for snap in (*found, node.snapshot):
+                    if snap is None or snap.depth > limit or (snap is node.snapshot and node.is_root):
+                        continue
+                    if snap.published:
+                        return Boundary(snap.depth, snap, blocking)
+                    if blocking is None:
+                        blocking = snap
+            node = node.parent
+        return Boundary(0, None, blocking)
+
+    def exact_identity(self, namespace: str, m: Match, tokens, limit: int) -> int:
+        """ĥ in tokens: the page match extended into the next page (a cached page or a tail), <= limit."""
+        depth = m.depth
+        if depth >= limit:
+            return limit
+        node = m.node if m.node is not None else self._roots.get(namespace)
+        if node is None:
+            return 0
+        want = tuple(tokens[depth : min(limit, depth + self.block_size)])
+        best = 0
+        if node.depth > depth:  # the match ends inside `node`: its next page is the candidate
+            keys = [node.key[depth - node.start : depth - node.start + self.block_size]]
+        else:
+            keys = [c.key[: self.block_size] for c in node.children.values()] + [t.tail for t in node.tails]
+        for key in keys:
+            best = max(best, _common(key, want))
+        return depth + best
+
+    def drop_tail(self, snap: Snapshot) -> None:
+        """Frees a tail snapshot's slot and page (eviction, or its node going)."""
+        node = snap.node
+        node.tails.remove(snap)
+        self._tails.pop(snap, None)
+        self.ghosts.add_snapshot(_anchor(node), snap.depth, snap.tail)
+        self.slots.free([snap.slot])
+        self.pages.free([snap.tail_page])
+
+    def touch_tail(self, snap: Snapshot, now: float) -> None:
+        snap.last_access = now
+        if snap in self._tails:
+            del self._tails[snap]
+            self._tails[snap] = None
+
+    def evict_tails(self, need: int, pages: bool = False) -> int:
+        """Drops up to `need` unlocked published tails, least recently used first (counts slots, or
+        pages with `pages=True`; a tail holds one of each)."""
+        victims = [s for s in self._tails if s.published and s.lock == 0][:need]
+        for s in victims:
+            self.drop_tail(s)
+        self.evicted_snapshots += len(victims)
+        return len(victims)
+
     def publish(self) -> None:
         """End of round: what this round produced joins the published set C_{t+1}."""
         for node in self._pending_nodes:
@@ -271,6 +368,9 @@ class RadixIndex:
 
     def touch_snapshot(self, snap: Snapshot, now: float) -> None:
         """A restore refreshes the snapshot's recency (the snapshot LRU order is kept incrementally)."""
+        if snap.tail:
+            self.touch_tail(snap, now)
+            return
         snap.last_access = now
         if snap.node is not None and snap.node in self._snap_nodes:
             del self._snap_nodes[snap.node]
@@ -278,14 +378,24 @@ class RadixIndex:
 
     def evict_pages(self, need: int) -> int:
         """Frees at least `need` pages from unlocked tails, as the eviction policy chooses."""
-        freed = self.eviction.evict_pages(self, need)
-        self.evicted_pages += freed
+        mixed = self._tails and not getattr(self.eviction, "handles_tails", False)
+        freed = self._evict_stale_tails(need, self._oldest_leaf()) if mixed else 0
+        got = self.eviction.evict_pages(self, need - freed) if freed < need else 0
+        self.evicted_pages += got
+        freed += got
+        if freed < need and mixed:
+            freed += self.evict_tails(need - freed, pages=True)
         return freed
 
     def evict_snapshots(self, need: int) -> int:
         """Drops at least `need` unlocked published snapshots, as the eviction policy chooses."""
-        freed = self.eviction.evict_snapshots(self, need)
-        self.evicted_snapshots += freed
+        mixed = self._tails and not getattr(self.eviction, "handles_tails", False)
+        freed = self._evict_stale_tails(need, self._oldest_snapshot()) if mixed else 0
+        got = self.eviction.evict_snapshots(self, need - freed) if freed < need else 0
+        self.evicted_snapshots += got
+        freed += got
+        if freed < need and mixed:
+            freed += self.evict_tails(need - freed)
         return freed
 
     def reset(self) -> None:
@@ -296,11 +406,15 @@ class RadixIndex:
     # ------------------------------------------------------------------ accounting
     @property
     def num_cached_pages(self) -> int:
-        return sum(len(n.pages) for n in self._iter_nodes())
+        return sum(len(n.pages) for n in self._iter_nodes()) + len(self._tails)
 
     @property
     def num_snapshots(self) -> int:
-        return len(self._snap_nodes)
+        return len(self._snap_nodes) + len(self._tails)
+
+    @property
+    def num_tails(self) -> int:
+        return len(self._tails)
 
     def check_integrity(self) -> tuple[set[int], set[int]]:
         """Raises AssertionError on a broken invariant; returns (tree pages, snapshot slots)."""
@@ -329,12 +443,32 @@ class RadixIndex:
                 assert s.published == (s.producer is None), "snapshot producer/published disagree"
                 slots.add(s.slot)
                 assert n in self._snap_nodes
+        tail_pages = self._check_tails(nodes, pages, slots)
         assert len(self._by_hash) == sum(len(n.hashes) for n in nodes), "stale hashes in the index"
         assert self.num_locked_pages == sum(len(n.pages) for n in nodes if n.lock_ref), "locked-page count drift"
-        assert len(self._snap_nodes) == len(slots), "stale snapshot set"
+        assert len(self._snap_nodes) + len(self._tails) == len(slots), "stale snapshot set"
+        pages |= tail_pages
         assert not (pages & self.pages.free_ids()), "a tree page is also free"
         assert not (slots & self.slots.free_ids()), "a snapshot slot is also free"
         return pages, slots
+
+    def _check_tails(self, nodes: list[Node], pages: set[int], slots: set[int]) -> set[int]:
+        """Tail snapshots: on a live node (or a root), inside one page, own slot and page."""
+        tail_pages: set[int] = set()
+        count = 0
+        for n in [*self._roots.values(), *nodes]:
+            for s in n.tails:
+                count += 1
+                assert s.node is n and s in self._tails, "tail snapshot out of the tail set"
+                assert s.depth == n.depth + len(s.tail) and 0 < len(s.tail) < self.block_size, "bad tail depth"
+                assert s.slot not in slots, f"slot {s.slot} used by two snapshots"
+                assert s.tail_page not in pages and s.tail_page not in tail_pages, (
+                    f"tail page {s.tail_page} owned twice")
+                assert s.lock >= 0 and s.published == (s.producer is None), "tail lock/producer drift"
+                slots.add(s.slot)
+                tail_pages.add(s.tail_page)
+        assert count == len(self._tails), "a tail snapshot outlived its node"
+        return tail_pages
 
     # ------------------------------------------------------------------ helpers
     def _root(self, namespace: str) -> Node:
@@ -350,6 +484,41 @@ class RadixIndex:
             n = stack.pop()
             yield n
             stack.extend(n.children.values())
+
+    @staticmethod
+    def _deepest_tail(node: Node, tokens, limit: int) -> list[Snapshot]:
+        """The tails of `node` that `tokens` continue into, deepest first, none past `limit`."""
+        if not node.tails:
+            return []
+        d = node.depth
+        nxt = tokens[d] if d < len(tokens) else None
+        found = [s for s in node.tails
+                 if s.depth <= limit and s.tail[0] == nxt and tuple(tokens[d : s.depth]) == s.tail]
+        found.sort(key=lambda s: -s.depth)
+        return found
+
+    def _evict_stale_tails(self, need: int, before: float) -> int:
+        """Tails are not in the policy's view (lru, rr-tail): drop those older than what the policy
+        would take first, so one recency order spans both kinds."""
+        victims = []
+        for snap in self._tails:  # least recently used first
+            if snap.last_access > before or len(victims) >= need:
+                break
+            if snap.published and snap.lock == 0:
+                victims.append(snap)
+        for snap in victims:
+            self.drop_tail(snap)
+        self.evicted_snapshots += len(victims)
+        return len(victims)
+
+    def _oldest_leaf(self) -> float:
+        return min((n.last_access for n in self._leaves if self._evictable(n)), default=float("inf"))
+
+    def _oldest_snapshot(self) -> float:
+        for n in self._snap_nodes:
+            if n.snapshot.published and n.snapshot.lock == 0:
+                return n.snapshot.last_access
+        return float("inf")
 
     def _published_below(self, node: Node | None, depth: int) -> int:
         while node is not None and not node.is_root:
@@ -382,13 +551,18 @@ class RadixIndex:
         return top
 
     def _evictable(self, node: Node) -> bool:
-        return node.lock_ref == 0 and not node.pending and (node.snapshot is None or node.snapshot.lock == 0)
+        return (node.lock_ref == 0 and not node.pending and (node.snapshot is None or node.snapshot.lock == 0)
+                and all(t.lock == 0 and t.published for t in node.tails))
 
     def _remove_leaf(self, node: Node) -> int:
         assert not node.children and node.lock_ref == 0
         if node.snapshot is not None:
             self._drop_snapshot(node)
             self.evicted_snapshots += 1
+        for snap in list(node.tails):  # exact-depth checkpoints go with their node
+            self.drop_tail(snap)
+            self.evicted_snapshots += 1
+        self.ghosts.add_pages(node.hashes)
         parent = node.parent
         del parent.children[node.key[: self.block_size]]
         self._leaves.discard(node)
@@ -400,6 +574,21 @@ class RadixIndex:
         return len(node.pages)
 
     def _drop_snapshot(self, node: Node) -> None:
+        self.ghosts.add_snapshot(_anchor(node), node.depth, ())
         self.slots.free([node.snapshot.slot])
         node.snapshot = None
         self._snap_nodes.pop(node, None)
+
+
+def _common(a, b) -> int:
+    """Length of the common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _anchor(node: Node):
+    """A key for the path ending at `node` that survives the node: its last chain hash (or the root)."""
+    return node.hashes[-1] if node.hashes else ("root", node.namespace)

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from radixflow.config import SNAPSHOT_MODES, SchedulerConfig, help_of
+from radixflow.config import CHECKPOINT_MODES, SNAPSHOT_MODES, SchedulerConfig, help_of
 from radixflow.core.branch import Branch
 from radixflow.core.metrics import ArmMeasures, cost_identity
 from radixflow.core.policies import ARMS
@@ -56,6 +56,8 @@ def add_scheduler_flags(p: argparse.ArgumentParser) -> None:
                    help=help_of(SchedulerConfig, "state_interval"))
     p.add_argument("--snapshot-mode", default="every-boundary", choices=SNAPSHOT_MODES,
                    help=help_of(SchedulerConfig, "snapshot_mode"))
+    p.add_argument("--checkpoints", default="boundary", choices=CHECKPOINT_MODES,
+                   help=help_of(SchedulerConfig, "checkpoints"))
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="disable prefix caching (--enable-prefix-caching is the default)")
     p.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true")
@@ -76,7 +78,8 @@ def scheduler_config(args, model_name: str, default_budget: tuple[int, int] = (1
     cfg = SchedulerConfig(max_num_seqs=args.max_num_seqs or s, max_num_batched_tokens=args.max_num_batched_tokens or t,
                           block_size=args.block_size, state_interval=args.state_interval,
                           enable_prefix_caching=args.enable_prefix_caching,
-                          snapshot_mode=getattr(args, "snapshot_mode", "every-boundary"))
+                          snapshot_mode=getattr(args, "snapshot_mode", "every-boundary"),
+                          checkpoints=getattr(args, "checkpoints", "boundary"))
     cfg.validate()
     return cfg
 

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from radixflow.commands.common import positive_int
 from radixflow.config import SNAPSHOT_MODES, SchedulerConfig, help_of
 from radixflow.core.policies import ARMS
+from radixflow.integrations.vllm.sim_backend import SCHEDULERS, arm_runner
 from radixflow.report.experiment import PRESETS, preset, run_experiment
 from radixflow.report.paper import MODELS
 from radixflow.sim.cost_model import GPUS
@@ -55,10 +56,15 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument(
         "--snapshot-mode",
-        default="every-boundary",
+        default=None,
         choices=SNAPSHOT_MODES,
-        help=help_of(SchedulerConfig, "snapshot_mode"),
+        help=help_of(SchedulerConfig, "snapshot_mode") + " (default: the preset's, vllm-align)",
     )
+    p.add_argument("--branch-gap", type=float, default=None,
+                   help="mean seconds between a question's branches (default: the preset's, 0.0005)")
+    p.add_argument("--scheduler", default="radixflow", choices=SCHEDULERS,
+                   help="radixflow: radixflow's scheduler; vllm: vLLM 0.33's own Scheduler (the 'vllm' extra; "
+                        "the radixflow+frag arm has no vLLM counterpart and is left out)")
 
 
 def grid_from_args(args):
@@ -81,7 +87,19 @@ def grid_from_args(args):
     if args.seed is not None:
         grid.seed = args.seed
     grid.calibrate = args.calibrate
-    grid.snapshot_mode = args.snapshot_mode
+    if args.snapshot_mode:
+        grid.snapshot_mode = args.snapshot_mode
+    if args.branch_gap is not None:
+        if args.branch_gap < 0:
+            raise ValueError(f"--branch-gap must be >= 0, got {args.branch_gap}")
+        grid.branch_gap = args.branch_gap
+    grid.scheduler = args.scheduler
+    if args.scheduler == "vllm":
+        arm_runner("vllm")  # one clear line now if vLLM is missing, not one per cell
+        if args.arms and "radixflow+frag" in grid.arms:
+            raise ValueError("--scheduler vllm: arm radixflow+frag has no vLLM counterpart (the plugin does "
+                             "not split fragments)")
+        grid.arms = tuple(a for a in grid.arms if a != "radixflow+frag")
     return grid
 
 

@@ -17,9 +17,11 @@ from radixflow.commands.common import (
     write_json,
 )
 from radixflow.commands.sessions import SESSION_WORKLOADS, add_session_flags, simulate_cli
+from radixflow.config import SchedulerConfig, help_of
 from radixflow.core.policies import parse_arms
+from radixflow.integrations.vllm.sim_backend import SCHEDULERS, arm_runner
 from radixflow.sim.cost_model import GPUS, get_gpu
-from radixflow.sim.runner import SimSetup, run_arm
+from radixflow.sim.runner import SimSetup
 from radixflow.spec import PRESETS, get_spec
 
 
@@ -34,6 +36,12 @@ def add_arguments(p) -> None:
     add_workload_flags(p)
     add_scheduler_flags(p)
     p.add_argument("--check", action="store_true", help="check_integrity() after every round (slow)")
+    p.add_argument("--prefix-match-unit", type=int, default=0,
+                   help="vllm-align: " + help_of(SchedulerConfig, "prefix_match_unit"))
+    p.add_argument("--scheduler", default="radixflow", choices=SCHEDULERS,
+                   help="radixflow: radixflow's own scheduler; vllm: vLLM 0.33's real Scheduler (the 'vllm' "
+                        "extra) with stand-in model outputs, native for radix* arms, the state-ready plugin "
+                        "for radixflow*, admission in the driver, same cost model and clock")
     add_session_flags(p)
 
 
@@ -44,11 +52,13 @@ def run(args) -> int:
     gpu = get_gpu(args.gpu)
     arms = parse_arms(args.policy)
     cfg = scheduler_config(args, spec.name)
+    cfg.prefix_match_unit = args.prefix_match_unit
     if args.eviction:
         cfg.eviction = args.eviction
         get_eviction(cfg.eviction)  # one policy for these workloads; checks the name
     workloads = build_workloads(args, spec.name)
     setup = SimSetup(spec, gpu, cfg, args.gpu_memory_utilization, args.state_memory_fraction, check=args.check)
+    run_arm = arm_runner(args.scheduler)  # exits 2 with one line when vLLM is missing
     results = []
     t0 = time.perf_counter()
     total = sum(len(w) for _, w in workloads) * len(arms)
@@ -58,13 +68,18 @@ def run(args) -> int:
             m, _ = run_arm(setup, arm, [w for _, w in workloads], progress=lambda n: bar.advance(task, n))
             results.append(m)
     wall = time.perf_counter() - t0
+    used = setup.scheduler_config()
     print_arms(results, f"{spec.name} on {gpu.name} — S={cfg.max_num_seqs}, T={cfg.max_num_batched_tokens}, "
+                        f"block {used.block_size}, {used.snapshot_mode}, scheduler {args.scheduler}, "
                         f"workload {args.workload} ({', '.join(label for label, _ in workloads)})")
     print(f"simulated {len(arms)} arm(s) in {wall:.1f} s")
     if args.json_path:
         meta = {"command": "simulate", "model": spec.name, "gpu": gpu.name, "workload": args.workload,
                 "parts": [label for label, _ in workloads], "max_num_seqs": cfg.max_num_seqs,
-                "max_num_batched_tokens": cfg.max_num_batched_tokens, "block_size": cfg.block_size,
-                "state_interval": cfg.state_interval, "seed": args.seed, "wall_time": wall}
+                "max_num_batched_tokens": cfg.max_num_batched_tokens, "block_size": used.block_size,
+                "state_interval": used.state_interval, "snapshot_mode": used.snapshot_mode,
+                "internal_checkpoint": used.internal_checkpoint, "prefix_match_unit": used.prefix_match_unit,
+                "scheduler": args.scheduler,
+                "branch_gap": getattr(args, "branch_gap", 0.0), "seed": args.seed, "wall_time": wall}
         write_json(args.json_path, arms_payload(results, meta))
     return 0

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from radixflow.commands.common import positive_int, write_json
+from radixflow.config import CHECKPOINT_MODES, SchedulerConfig, help_of
 from radixflow.sim.chat_trace import trace_chat
 from radixflow.spec import get_spec
 from radixflow.workloads.multiturn import VARIANTS, ChatSpec, conversation
@@ -30,6 +31,8 @@ def add_arguments(p) -> None:
     p.add_argument("--block-size", type=positive_int, default=1, help="KV page size (1: exact hits)")
     p.add_argument("--state-interval", type=positive_int, default=512,
                    help="hybrid models: a state snapshot every this many tokens (and one at each turn's end)")
+    p.add_argument("--checkpoints", default="boundary", choices=CHECKPOINT_MODES,
+                   help=help_of(SchedulerConfig, "checkpoints"))
     p.add_argument("--json", dest="json_path", default=None, help="write the trace here")
 
 
@@ -40,17 +43,20 @@ def run(args) -> int:
     chat = ChatSpec(system_len=args.system, user_len=args.user, assistant_len=args.assistant,
                     turns=args.turns)
     turns = conversation(chat, 0, tuple(args.variant))
-    rows = trace_chat(turns, args.model, args.block_size, args.state_interval)
+    rows = trace_chat(turns, args.model, args.block_size, args.state_interval, checkpoints=args.checkpoints)
     main, variants = rows[: args.turns], rows[args.turns :]
     total = sum(r.recomputed for r in main)
     without = sum(r.request_len for r in main)
     kind = "hybrid: ready hit = deepest state snapshot ≤ ĥ" if spec.is_hybrid else "full attention: h = ĥ"
-    table = Table(title=f"multi-turn chat on {spec.name} ({kind}), page size {args.block_size}")
-    for col in ("turn", "request", "hit ĥ", "ready hit h", "gap ĥ−h", "recomputed"):
+    table = Table(title=f"multi-turn chat on {spec.name} ({kind}), page size {args.block_size}, "
+                        f"{args.checkpoints} checkpoints")
+    for col in ("turn", "request", "hit ĥ", "ready hit h", "gap ĥ−h", "recomputed", "ckpt missing",
+                "evicted", "no shared prefix"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r.label, f"{r.request_len:,}", f"{r.hit:,}", f"{r.ready_hit:,}",
-                      f"{r.hit - r.ready_hit:,}", f"{r.recomputed:,}")
+                      f"{r.hit - r.ready_hit:,}", f"{r.recomputed:,}", f"{r.checkpoint_missing:,}",
+                      f"{r.evicted:,}", f"{r.no_shared_prefix:,}")
     console = Console(width=120)
     console.print(table)
     saved = 100.0 * (1 - total / without) if without else 0.0
@@ -59,11 +65,14 @@ def run(args) -> int:
     if args.json_path:
         def row(r):
             return {"label": r.label, "request_len": r.request_len, "hit": r.hit, "ready_hit": r.ready_hit,
-                    "recomputed": r.recomputed}
+                    "recomputed": r.recomputed, "misses": {"checkpoint_missing": r.checkpoint_missing,
+                                                           "evicted": r.evicted,
+                                                           "no_shared_prefix": r.no_shared_prefix}}
 
         write_json(args.json_path, {
             "model": spec.name, "hybrid": spec.is_hybrid, "block_size": args.block_size,
-            "state_interval": args.state_interval, "system": args.system, "user": args.user,
+            "state_interval": args.state_interval, "checkpoints": args.checkpoints,
+            "system": args.system, "user": args.user,
             "assistant": args.assistant, "turns": [row(r) for r in main],
             "variants": [row(r) for r in variants],
             "total_recomputed": total, "total_without_cache": without})

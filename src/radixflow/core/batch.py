@@ -28,6 +28,8 @@ class Fragment:
     state_out: list[tuple[int, int]] = field(default_factory=list)  # (n tokens in, slot) captures
     samples: bool = False  # the row's last position produces the branch's next token
     first: bool = False  # first fragment of the branch since it was (re)started
+    copies_before: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV pages, before the forward
+    copies_after: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV pages, after the forward
 
     @property
     def end(self) -> int:
@@ -71,3 +73,4 @@ class Sample:
 class ExecResult:
     host_time: float  # c(B_t), seconds
     samples: dict[int, Sample] = field(default_factory=dict)  # fragment index -> sample
+    capture_time: float = 0.0  # the part of c(B_t) spent capturing state and copying pages (modelled)

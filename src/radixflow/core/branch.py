@@ -31,6 +31,9 @@ class Branch:
     num_computed_tokens: int = 0
     cached_tokens: int | None = None  # start boundary h at first selection
     identity_hit: int | None = None  # ĥ at first selection
+    blocked_rounds: int = 0  # rounds deferred as Blocked before the first selection
+    blocked_tokens: int = 0  # what the wait saved: blocking depth − ready depth at the first deferral
+    misses: object = None  # core.misses.Misses: the prompt split by cause at first selection
     admitted_at: float | None = None
     first_selected_at: float | None = None
     first_token_at: float | None = None

@@ -55,7 +55,7 @@ def check_scheduler(s: SchedulerMemory) -> None:
         assert budget.used == used <= budget.total, f"byte budget drift: {budget.used} != {used}"
     top = sum(n.lock_ref for r in s.index._roots.values() for n in r.children.values())
     assert top == locks, f"lock drift: tree says {top}, branches hold {locks}"
-    held_snap = sum(n.snapshot.lock for n in s.index._snap_nodes)
+    held_snap = sum(n.snapshot.lock for n in s.index._snap_nodes) + sum(t.lock for t in s.index._tails)
     assert held_snap == snap_locks, "snapshot lock drift"
 
 

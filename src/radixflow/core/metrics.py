@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from radixflow.core.branch import Branch, group_requests
 from radixflow.core.loop import RunResult
+from radixflow.core.misses import Misses, total
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -52,6 +53,10 @@ class ArmMeasures:
     dependency_depth: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    # SPEC §14: the prompt split by cause, the exact-depth checkpoints made, the modelled capture time.
+    misses: dict = field(default_factory=dict)
+    exact_checkpoints: int = 0
+    capture_time: float = 0.0
     # Per-request latencies, kept so that merged parts give pooled percentiles (not written to JSON).
     latencies: list[float] = field(default_factory=list, repr=False)
 
@@ -92,7 +97,8 @@ def measure(policy: str, run: RunResult) -> ArmMeasures:
         blocked_deferrals=s.blocked_total, preemptions=s.preemptions,
         requests=len(group_requests(branches)), branches=len(branches), prompt_tokens=prompt,
         cached_tokens=cached, makespan=run.makespan, lower_bound=lb, dependency_depth=s.max_level,
-        max_num_seqs=S, max_num_batched_tokens=T, latencies=lat)
+        max_num_seqs=S, max_num_batched_tokens=T, misses=total(branches).to_dict(),
+        exact_checkpoints=s.exact_checkpoints, capture_time=sum(r.capture_time for r in rounds), latencies=lat)
 
 
 @dataclass
@@ -151,4 +157,13 @@ def merge(policy: str, parts: list[ArmMeasures]) -> ArmMeasures:
         makespan=sum(p.makespan for p in parts),
         lower_bound=sum(lbs) if all(x is not None for x in lbs) else None,
         dependency_depth=max(p.dependency_depth for p in parts), max_num_seqs=S,
-        max_num_batched_tokens=parts[0].max_num_batched_tokens, latencies=lat)
+        max_num_batched_tokens=parts[0].max_num_batched_tokens, misses=_sum_misses(parts),
+        exact_checkpoints=sum(p.exact_checkpoints for p in parts),
+        capture_time=sum(p.capture_time for p in parts), latencies=lat)
+
+
+def _sum_misses(parts: list[ArmMeasures]) -> dict:
+    out = Misses()
+    for p in parts:
+        out.add(Misses(**p.misses))
+    return out.to_dict()

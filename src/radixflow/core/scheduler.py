@@ -10,15 +10,19 @@ import bisect
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from radixflow.cache.eviction import ReuseCosts
 from radixflow.cache.pool import ByteBudget, IdPool
-from radixflow.cache.radix import Match, Node, RadixIndex, Snapshot, chain_hashes
+from radixflow.cache.radix import Boundary, Match, Node, RadixIndex, Snapshot, chain_hashes
 from radixflow.config import SchedulerConfig
 from radixflow.core.batch import Batch, ExecResult, Fragment, Outcome
 from radixflow.core.branch import Branch, BranchState
+from radixflow.core.checkpoints import BranchPoints, attach_exact_end, capture_exact
 from radixflow.core.claims import Claims, finishes_now
 from radixflow.core.integrity import check_scheduler, holds_nothing
 from radixflow.core.lookup import Arrival, BlockedGroups, arrival_hashes
+from radixflow.core.misses import at_first_selection
 from radixflow.core.policies import AdmissionView, Arm
+from radixflow.core.vllm_split import aligned_split, internal_checkpoint
 
 
 @dataclass(eq=False)
@@ -36,6 +40,7 @@ class _Track:
     level: int = 0  # dependency depth of the branch's last fragment
     verified: int = 0  # depth up to which a match was checked token by token
     no_cache: bool = False  # a hash collision was detected: this branch neither reads nor writes the cache
+    junction: int = 0  # vllm-align: KV hit depth past the state hit at selection (vLLM's shared_prefix_boundary)
     seq: int = 0  # place in the waiting queue among equal priorities (uid; preempted: before every uid)
     # While waiting: the chain hash at the last match's depth ĥ and of the page after it (None past the
     # prompt). A branch whose key was found Blocked this round, and whose next page is still not in the
@@ -61,21 +66,39 @@ class RoundRecord:
     tokens: int
     deferred: int
     host_time: float = 0.0
+    capture_time: float = 0.0
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, arm: Arm, hybrid: bool) -> None:
+    def __init__(self, config: SchedulerConfig, arm: Arm, hybrid: bool, costs: ReuseCosts | None = None) -> None:
         config.validate()
         self.config = config
         self.arm = arm
         self.hybrid = hybrid
         self.block_size = config.block_size
         self.interval = config.state_interval if hybrid else config.block_size
-        self.chunk_end = hybrid and config.snapshot_mode == "chunk-end"
+        self.vllm_align = hybrid and config.snapshot_mode == "vllm-align"
+        if self.vllm_align and config.state_interval != config.block_size:
+            raise ValueError(f"--snapshot-mode vllm-align keeps state on KV blocks: the state interval "
+                             f"({config.state_interval}) must equal the block size ({config.block_size}); "
+                             f"spec.vllm_align.apply_vllm_align sets both to vLLM's block")
+        if self.vllm_align and 0 < config.prefix_match_unit < config.block_size:
+            raise ValueError(f"--prefix-match-unit {config.prefix_match_unit} (partial hits below the "
+                             f"{config.block_size}-token block) is modelled by --scheduler vllm only")
+        if self.vllm_align and config.checkpoints == "branch":
+            raise ValueError("--checkpoints branch is not part of vLLM's align mode; use it with "
+                             "--snapshot-mode every-boundary")
+        self.chunk_end = hybrid and config.snapshot_mode in ("chunk-end", "vllm-align")
+        self.branch_points = (BranchPoints(config.block_size, min(64, config.state_interval // 2))
+                              if hybrid and config.checkpoints == "branch" else None)
+        self.exact_checkpoints = 0  # branch-point and exact-end snapshots made (SPEC §14)
         budget = ByteBudget(config.cache_memory_bytes) if config.cache_memory_bytes > 0 else None
         self.pages = IdPool(config.num_kv_pages, "KV page", config.kv_page_bytes, budget)
         self.slots = IdPool(config.num_state_slots if hybrid else 0, "state slot", config.state_slot_bytes, budget)
         self.index = RadixIndex(config.block_size, self.pages, self.slots, config.eviction)
+        if hasattr(self.index.eviction, "costs"):  # flop-aware: the model's costs, or units from the config
+            self.index.eviction.costs = costs or ReuseCosts(page_bytes=config.kv_page_bytes or 1,
+                                                            slot_bytes=config.state_slot_bytes or 1)
         self.held: list[Branch] = []
         self.waiting: list[Branch] = []
         self.running: list[Branch] = []
@@ -142,7 +165,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and rows and tokens:
             b = self.running[i]
-            n = self._chunk(b.num_computed_tokens, b.num_tokens, tokens)
+            n = self._chunk(b.num_computed_tokens, b.num_tokens, tokens, b, b.sched.junction)
             if n == 0:
                 i += 1
                 continue
@@ -174,6 +197,7 @@ class Scheduler:
         """After execution: advance counters, sample, publish C_{t+1}, finish branches."""
         if self.rounds and self.rounds[-1].round == batch.round:
             self.rounds[-1].host_time = result.host_time
+            self.rounds[-1].capture_time = result.capture_time
         done = []
         for i, frag in enumerate(batch.fragments):
             b = frag.branch
@@ -253,10 +277,11 @@ class Scheduler:
                 if snap is not None:
                     d = snap.depth
                     # A chunk from a state boundary gets >= one interval when that many tokens are left.
-                    if (tokens < interval or d % interval) and self._chunk(d, b.num_tokens, tokens) == 0:
+                    if (tokens < interval or d % interval) and self._chunk(d, b.num_tokens, tokens, b) == 0:
                         batch.stop_reason = "tokens"
                         break
                     deferred += 1
+                    b.blocked_rounds += b.first_selected_at is None
                     if claims.open:
                         claims.defer(b, d)
                     else:
@@ -273,11 +298,12 @@ class Scheduler:
                 continue
             if outcome is Outcome.BLOCKED:
                 deferred += 1
+                b.blocked_rounds += b.first_selected_at is None
                 if not state_ready:
                     batch.stop_reason = "blocked"
                     break
                 key = b.sched.group_key
-                if key is not None:
+                if key is not None and not plan.snapshot.tail:  # a tail: members may part inside its page
                     groups.add(key, plan.match.depth // bs, plan.snapshot)
                 if claims is None:
                     self.claims = claims = self._new_claims(batch)
@@ -340,19 +366,26 @@ class Scheduler:
         m = self._match(b)
         snapshot = None
         if self.hybrid:
-            bd = self.index.boundary(m)
+            bd = self._boundary(b, m)
+            if bd.blocking is not None and self.branch_points is not None:
+                if not self.branch_points.worth_waiting(bd.blocking.depth - bd.ready):
+                    bd = Boundary(bd.ready, bd.ready_snapshot, None)  # cheaper to recompute the gap now
             if bd.blocking is not None:
-                if self._chunk(bd.blocking.depth, b.num_tokens, tokens) == 0:
+                depth = bd.blocking.depth
+                if self._chunk(depth, b.num_tokens, tokens, b, self._junction(m, depth)) == 0:
                     return Outcome.OTHER, None, "tokens"
+                if b.first_selected_at is None and not b.blocked_rounds:
+                    b.blocked_tokens = bd.blocking.depth - bd.ready
                 return Outcome.BLOCKED, _Plan(m, bd.blocking.depth, 0, bd.blocking), "blocked"
             start, snapshot = bd.ready, bd.ready_snapshot
         else:
             start = m.depth
-        n = self._chunk(start, b.num_tokens, tokens)
+        junction = self._junction(m, start)
+        n = self._chunk(start, b.num_tokens, tokens, b, junction)
         if n == 0:
             return Outcome.OTHER, None, "tokens"
         if self.arm.frag and not allow_split:
-            if n < self._chunk(start, b.num_tokens, self.config.max_num_batched_tokens):
+            if n < self._chunk(start, b.num_tokens, self.config.max_num_batched_tokens, b, junction):
                 return Outcome.OTHER, None, "short-fragment"
         node = m.node if start else None
         need = -(-(start + n) // self.block_size) - start // self.block_size
@@ -381,11 +414,14 @@ class Scheduler:
         if b.first_selected_at is None:
             b.first_selected_at = now
             b.cached_tokens = start
-            b.identity_hit = plan.match.depth
+            b.identity_hit = self._identity(b, plan.match)
+            b.misses = at_first_selection(self.index, b.namespace, b.tokens, tr.hashes, b.prompt_len,
+                                          b.identity_hit, start, (b.blocked_rounds, b.blocked_tokens))
         b.state = BranchState.RUNNING
         self.running.append(b)
         tr.group_key = tr.next_hash = None
         b.num_computed_tokens = start
+        tr.junction = self._junction(plan.match, start)
         if start:
             node = plan.match.node
             self.index.lock(node)
@@ -394,18 +430,24 @@ class Scheduler:
             tr.page_table = self.index.pages_upto(plan.match, start // self.block_size)
         tr.level = 0
         state_in = None
+        copy_in = None
         if plan.snapshot is not None:
             plan.snapshot.lock += 1
             self.index.touch_snapshot(plan.snapshot, now)
             tr.read_snapshot = plan.snapshot
             state_in = plan.snapshot.slot
             tr.level = plan.snapshot.level
+            if plan.snapshot.tail:  # resume inside a page: its K/V comes from the snapshot's copy
+                page = self.pages.allocate_one()
+                tr.page_table.append(page)
+                tr.private.add(page)
+                copy_in = (plan.snapshot.tail_page, page)
         if self.hybrid:
             tr.working = self.slots.allocate_one()
-        self._place(b, start, plan.num_tokens, batch, now, state_in, first=True)
+        self._place(b, start, plan.num_tokens, batch, now, state_in, first=True, copy_in=copy_in)
 
     def _place(self, b: Branch, start: int, n: int, batch: Batch, now: float, state_in: int | None,
-               first: bool = False) -> None:
+               first: bool = False, copy_in: tuple[int, int] | None = None) -> None:
         tr: _Track = b.sched
         bs = self.block_size
         end = start + n
@@ -420,11 +462,13 @@ class Scheduler:
         tr.level += 1
         self.max_level = max(self.max_level, tr.level)
         frag = Fragment(b, start, n, list(tr.page_table), samples=end == b.num_tokens, first=first)
+        if copy_in is not None:
+            frag.copies_before.append(copy_in)
         if self.hybrid:
             if not first:
                 state_in = tr.working
             frag.state_in = state_in
-            frag.state_out = self._captures(b, start, end, now)
+            frag.state_out = self._captures(b, start, end, now, frag.copies_after)
         batch.fragments.append(frag)
         b.num_fragments += 1
 
@@ -442,19 +486,34 @@ class Scheduler:
             self.index.unlock(tr.node)
             tr.node = node
 
-    def _captures(self, b: Branch, start: int, end: int, now: float) -> list[tuple[int, int]]:
+    def _captures(self, b: Branch, start: int, end: int, now: float,
+                  copies: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """State captures of a hybrid row: every interval boundary in (start, end], the last page
         boundary (a candidate end-of-branch snapshot) and the row's end (the working state)."""
         tr: _Track = b.sched
         out: list[tuple[int, int]] = []
         caching = self.config.enable_prefix_caching and not tr.no_cache
         if caching and self.chunk_end:
+            if self.vllm_align:  # a state exported from inside the final chunk (no cut there)
+                ckpt = internal_checkpoint(start, end, b.prompt_len, b.num_tokens, self.interval,
+                                           self.config.internal_checkpoint)
+                if ckpt is not None and ckpt % self.block_size == 0:
+                    self._capture_at(b, ckpt, start, now, out)
             if end % self.interval == 0:
                 self._capture_at(b, end, start, now, out)
         elif caching:
             first_b = (start // self.interval + 1) * self.interval
             for depth in range(first_b, end + 1, self.interval):
                 self._capture_at(b, depth, start, now, out)
+            if self.branch_points is not None:  # exact depths; the branch's end is snapshotted at finish
+                others = (*self.held, *self.waiting, *self.running)
+                for depth in self.branch_points.depths(b, start, end, others, b.identity_hit or 0):
+                    if depth % self.block_size == 0:
+                        self._capture_at(b, depth, start, now, out)
+                    else:
+                        capture_exact(self, b, depth, start, now, out, copies)
+                out.append((end - start, tr.working))
+                return out
             # End-of-branch snapshot: once past the prompt's last chunk, the state at the last page
             # boundary passed is kept in one extra slot; at finish it becomes the branch's end
             # snapshot (a 1-token branch holds that slot for one round only).
@@ -504,6 +563,9 @@ class Scheduler:
             else:
                 self.slots.free([tr.rolling])
                 tr.rolling = None
+        if tr.working is not None and keep_end_snapshot and self.branch_points is not None:
+            if attach_exact_end(self, b):
+                tr.working = None
         if tr.working is not None:
             self.slots.free([tr.working])
             tr.working = None
@@ -567,14 +629,42 @@ class Scheduler:
     def _demand(self, b: Branch) -> int:
         """Remaining prefill tokens of `b` if it started now from the published cache."""
         m = self._match(b)
-        start = self.index.ready_boundary(m)[0] if self.hybrid else m.depth
+        if self.branch_points is not None:
+            start = self._boundary(b, m).ready
+        else:
+            start = self.index.ready_boundary(m)[0] if self.hybrid else m.depth
         return b.num_tokens - start
 
-    def _chunk(self, start: int, total: int, tokens: int) -> int:
+    def _caching(self, b: Branch) -> bool:
+        return self.config.enable_prefix_caching and not b.sched.no_cache
+
+    def _boundary(self, b: Branch, m: Match) -> Boundary:
+        """Where a hybrid branch can resume: grid snapshots, plus exact-depth tails in branch mode."""
+        if self.branch_points is None:
+            return self.index.boundary(m)
+        if not self._caching(b):
+            return Boundary(0, None, None)
+        return self.index.exact_boundary(b.namespace, m, b.tokens, b.num_tokens - 1)
+
+    def _identity(self, b: Branch, m: Match) -> int:
+        """ĥ: whole pages (boundary mode, as today) or exact tokens (branch mode)."""
+        if self.branch_points is None or not self._caching(b):
+            return m.depth
+        return self.index.exact_identity(b.namespace, m, b.tokens, b.num_tokens - 1)
+
+    def _junction(self, m: Match, start: int) -> int:
+        """vllm-align: the KV hit's depth when it runs past the state hit (vLLM stops a chunk there)."""
+        return m.depth if self.vllm_align and m.depth > start else 0
+
+    def _chunk(self, start: int, total: int, tokens: int, b: Branch | None = None, junction: int = 0) -> int:
         """Tokens for one row: all that is left if it fits, else a chunk cut to a state boundary.
         In chunk-end mode a last chunk that crosses a boundary is cut there too, so that boundary's
-        state is cached (vLLM's align mode); the tail runs in a later round."""
+        state is cached (vLLM's align mode); the tail runs in a later round. vllm-align applies
+        vLLM's own split (core/vllm_split.py)."""
         n = min(total - start, tokens)
+        if self.vllm_align and b is not None:
+            return aligned_split(start, max(n, 0), b.prompt_len, total, self.interval,
+                                 self.config.max_num_batched_tokens, self.config.internal_checkpoint, junction)
         if self.hybrid:
             aligned = (start + n) // self.interval * self.interval
             if n < total - start or (self.chunk_end and start < aligned < start + n):

@@ -62,7 +62,13 @@ class EngineExecutor:
                 sampling.append((i, n_logits + len(at) - 1))
             n_logits += len(at)
             rows.append(RowInput(list(f.token_ids), f.start, f.page_table, f.state_in, list(f.state_out), at))
+        for f in batch.fragments:  # a resume inside a page starts from a copy of that page's K/V
+            for src, dst in f.copies_before:
+                self.cache.copy_page(src, dst)
         logits = self.model(rows, self.cache)
+        for f in batch.fragments:  # an exact-depth checkpoint keeps its own copy of the partial page
+            for src, dst in f.copies_after:
+                self.cache.copy_page(src, dst)
         for i, first, at in prompt_rows:
             self._record_prompt_logprobs(batch.fragments[i], logits[first:first + len(at)], at)
         samples: dict[int, Sample] = {}

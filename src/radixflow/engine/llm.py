@@ -39,7 +39,8 @@ class ScoreOutput:
     cached_tokens: list[int]
 
 
-_SCHED_FLAGS = {"max_num_seqs", "max_num_batched_tokens", "block_size", "state_interval", "enable_prefix_caching"}
+_SCHED_FLAGS = {"max_num_seqs", "max_num_batched_tokens", "block_size", "state_interval", "enable_prefix_caching",
+                "checkpoints"}
 
 
 class LLM:

@@ -23,6 +23,7 @@ from pathlib import Path
 from radixflow.config import SchedulerConfig
 from radixflow.core.branch import group_requests
 from radixflow.core.policies import ARMS, get_arm
+from radixflow.integrations.vllm.sim_backend import arm_runner
 from radixflow.report import paper
 from radixflow.report.calibrate import GridTools, calibrate_all
 from radixflow.report.cells import MANIFEST, Cell, is_done, read_json, write_atomic
@@ -74,7 +75,9 @@ class Grid:
     gpu: str = "a800"
     rate: float | None = None  # None = the paper's rate per model
     calibrate: bool = False
-    snapshot_mode: str = "every-boundary"  # SchedulerConfig.snapshot_mode (hybrid models)
+    snapshot_mode: str = "vllm-align"  # SchedulerConfig.snapshot_mode (hybrid models); vLLM's own by default
+    branch_gap: float = 0.0005  # mean s between a question's branches: the paper sends each on its own (§6)
+    scheduler: str = "radixflow"  # radixflow | vllm (vLLM 0.33's Scheduler, integrations/vllm/sim_backend.py)
     budgets: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(paper.BUDGETS))
 
     def rate_of(self, model: str) -> float:
@@ -95,6 +98,8 @@ class Grid:
             "code": code_version(),
             "snapshot_mode": self.snapshot_mode,
         }
+        if cell.kind == "qa":
+            fp.update(branch_gap=self.branch_gap, scheduler=self.scheduler)
         if cell.kind == "qa":
             fp.update(
                 questions=self.questions,
@@ -127,7 +132,8 @@ def sim_setup(grid: Grid, model: str, budgets: tuple[int, int], hook=None) -> Si
 def qa_branches(grid: Grid, model: str, stream: str, order: str, questions=None, seed=None):
     seed = grid.seed if seed is None else seed
     qs = questions if questions is not None else paper_questions(seed, grid.questions)
-    recs = stream_records(qs, stream, order, grid.rate_of(model), seed, prefix=f"{stream}-{order}:")
+    recs = stream_records(qs, stream, order, grid.rate_of(model), seed, prefix=f"{stream}-{order}:",
+                          branch_gap=grid.branch_gap)
     vocab = get_spec(model).vocab_size
     return [branch_from_record(r, f"{stream}/{order}", vocab) for r in recs]
 
@@ -135,7 +141,8 @@ def qa_branches(grid: Grid, model: str, stream: str, order: str, questions=None,
 def _qa_cell(grid: Grid, cell: Cell) -> dict:
     budgets = grid.budgets.get(cell.model, (16, 8192))
     setup = sim_setup(grid, cell.model, budgets)
-    m, runs = run_arm(setup, get_arm(cell.arm), [qa_branches(grid, cell.model, cell.stream, cell.order)])
+    runner = arm_runner(grid.scheduler)
+    m, runs = runner(setup, get_arm(cell.arm), [qa_branches(grid, cell.model, cell.stream, cell.order)])
     run = runs[0]
     hist = [0] * (budgets[0] + 1)
     for r in run.scheduler.rounds:
@@ -153,6 +160,10 @@ def _qa_cell(grid: Grid, cell: Cell) -> dict:
             "questions": grid.questions,
             "max_num_seqs": budgets[0],
             "max_num_batched_tokens": budgets[1],
+            "snapshot_mode": grid.snapshot_mode,
+            "block_size": setup.scheduler_config().block_size,
+            "branch_gap": grid.branch_gap,
+            "scheduler": grid.scheduler,
         },
         "arms": [arm],
     }
@@ -175,7 +186,8 @@ def _figure1_cell(grid: Grid, cell: Cell) -> dict:
         )
 
     budgets = (FIGURE1_BUDGETS["max_num_seqs"], FIGURE1_BUDGETS["max_num_batched_tokens"])
-    setup = sim_setup(grid, cell.model, budgets, hook)
+    # The toy instance fixes its own boundaries (SPEC §11), whatever mode the grid runs in.
+    setup = sim_setup(replace(grid, snapshot_mode="every-boundary"), cell.model, budgets, hook)
     vocab = setup.spec.vocab_size
     m, _ = run_arm(setup, get_arm(cell.arm), [[branch_from_record(r, "figure1", vocab) for r in figure1_records()]])
     arm = get_arm(cell.arm)

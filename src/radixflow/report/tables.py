@@ -16,6 +16,7 @@ from radixflow.report import paper
 DIVERGENCE = 0.10  # |ours / paper - 1| above this is listed and needs a cause in docs/results.md
 PAPER_REQUESTS = paper.QUESTIONS * 6  # x 3 streams x 2 orders
 _ARM_FIELDS = {f.name for f in fields(ArmMeasures)} - {"latencies"}  # required on every JSON arm
+_OPTIONAL = {"misses", "exact_checkpoints", "capture_time"}  # SPEC §14 measures: absent from older results
 
 
 @dataclass
@@ -58,7 +59,7 @@ def measures_of(d: dict) -> ArmMeasures:
     latency is pooled from them; an arm without them (a bench file) keeps only its own means.
     """
     kw = {k: (math.nan if v is None and k != "lower_bound" else v) for k, v in d.items() if k in _ARM_FIELDS}
-    missing = _ARM_FIELDS - kw.keys()
+    missing = _ARM_FIELDS - _OPTIONAL - kw.keys()
     if missing:
         raise ValueError(f"arm {d.get('policy')!r} lacks {', '.join(sorted(missing))}")
     lat = d.get("latencies")

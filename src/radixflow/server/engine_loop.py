@@ -298,6 +298,7 @@ class EngineLoop:
             ttft = None if b.first_token_at is None else b.first_token_at - b.arrival
             sel = None if b.first_selected_at is None else b.first_selected_at - b.arrival
             m.observe_branch(b.prompt_len, b.cached_tokens or 0, len(b.output), ttft, sel)
+            m.observe_misses(b.misses)
         if req.latency is not None:
             m.latency.observe(req.latency)
 

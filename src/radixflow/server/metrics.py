@@ -80,6 +80,12 @@ class ServerMetrics:
         self.aborted = self._counter("aborted_requests", "requests aborted (client gone or error)")
         self.loop_lag = self._histogram("event_loop_lag_seconds", "how late the HTTP event loop wakes from a "
                                         "short sleep (a blocked loop shows here)", _LOOP_LAG)
+        # SPEC §14: the prompt tokens of finished branches split by cause (they add up to prompt_tokens).
+        self.prompt_by_cause = self._counter("prompt_tokens_by_cause", "prompt tokens by cause: ready_hit | "
+                                             "checkpoint_missing | evicted | no_shared_prefix", ("cause",))
+        self.identity_hit_tokens = self._counter("identity_hit_tokens", "ĥ: prompt tokens the index matched")
+        self.blocked_wait = self._counter("blocked_wait_rounds", "rounds branches waited on a same-round "
+                                          "producer before they started")
         self._prompt = 0
         self._cached = 0
 
@@ -118,6 +124,15 @@ class ServerMetrics:
             self.ttft.observe(ttft)
         if first_selection is not None:
             self.first_selection.observe(first_selection)
+
+    def observe_misses(self, misses) -> None:
+        """A finished branch's `core.misses.Misses` (None when it never started)."""
+        if misses is None:
+            return
+        for cause in ("ready_hit", "checkpoint_missing", "evicted", "no_shared_prefix"):
+            self.prompt_by_cause.labels(cause).inc(getattr(misses, cause))
+        self.identity_hit_tokens.inc(misses.identity_hit)
+        self.blocked_wait.inc(misses.blocked_rounds)
 
     def set_pools(self, pages: PoolUse, slots: PoolUse) -> None:
         for gauge, use in ((self.kv_pages, pages), (self.state_slots, slots)):

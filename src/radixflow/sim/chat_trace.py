@@ -22,6 +22,9 @@ class TurnTrace:
     request_len: int
     hit: int  # ĥ: what the index matched
     ready_hit: int  # h: what the model can resume from (a state boundary on hybrid models)
+    checkpoint_missing: int = 0  # SPEC §14 causes of the recomputed tokens (they add up with h)
+    evicted: int = 0
+    no_shared_prefix: int = 0
 
     @property
     def recomputed(self) -> int:
@@ -29,7 +32,7 @@ class TurnTrace:
 
 
 def trace_chat(turns: list[Turn], model: str, block_size: int = 1, state_interval: int = 512,
-               gpu: str = "a800") -> list[TurnTrace]:
+               gpu: str = "a800", checkpoints: str = "boundary") -> list[TurnTrace]:
     """Replays the turns one after the other through the Scheduler (one cache for all of them).
 
     The answer is served as part of its turn's branch (its tokens are known), so its KV and the
@@ -40,9 +43,9 @@ def trace_chat(turns: list[Turn], model: str, block_size: int = 1, state_interva
     longest = max(len(t.request) + len(t.answer) for t in turns)
     budget = max(8192, state_interval, -(-longest // state_interval) * state_interval)
     cfg = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=budget, block_size=block_size,
-                          state_interval=state_interval)
+                          state_interval=state_interval, checkpoints=checkpoints)
     sched = Scheduler(cfg, get_arm("radix"), spec.is_hybrid)
-    executor = SimExecutor(CostModel(spec, get_gpu(gpu)), spec.vocab_size)
+    executor = SimExecutor(CostModel(spec, get_gpu(gpu), block_size=block_size), spec.vocab_size)
     out = []
     for i, t in enumerate(turns):
         b = Branch(f"turn{i}", 0, t.request + t.answer, "chat", 0.0, 1)
@@ -50,5 +53,8 @@ def trace_chat(turns: list[Turn], model: str, block_size: int = 1, state_interva
         # A match never covers a request's last token (it must be run to sample), as in vLLM.
         hit = min(b.identity_hit or 0, len(t.request) - 1)
         ready = min(b.cached_tokens or 0, hit)
-        out.append(TurnTrace(t.label, len(t.request), hit, ready))
+        m = b.misses  # counted on the whole branch (request + answer); the request's share:
+        gone = min(m.evicted, hit - ready) if m is not None else 0
+        out.append(TurnTrace(t.label, len(t.request), hit, ready, hit - ready - gone, gone,
+                             len(t.request) - hit))
     return out

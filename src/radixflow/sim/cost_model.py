@@ -68,8 +68,10 @@ class CallCost(NamedTuple):
 
 
 class CostModel:
-    def __init__(self, spec: ModelSpec, gpu: GPU, constants: CostConstants = CostConstants()) -> None:
+    def __init__(self, spec: ModelSpec, gpu: GPU, constants: CostConstants = CostConstants(),
+                 block_size: int = 16) -> None:
         self.spec = spec
+        self.block_size = block_size  # tokens per KV page: what a page copy moves
         self.gpu = gpu
         self.k = constants
 
@@ -86,16 +88,27 @@ class CostModel:
         dense = ((s.flops_per_token - head) * tokens + head * rows) / (g.bf16_flops * k.dense_efficiency)
         attn = 0.0
         kv_bytes = 0.0
-        snaps = 0
         for f in batch.fragments:
             attn += s.attention_flops(f.num_tokens, f.start)
             kv_bytes += (f.start + f.num_tokens) * s.kv_bytes_per_token
-            snaps += len(f.state_out)
-        state_bytes = (rows + snaps) * s.state_bytes_per_snapshot  # restore per row + each capture
-        traffic = (s.weight_bytes + kv_bytes + state_bytes) / (g.hbm_bandwidth * k.bandwidth_efficiency)
+        state_bytes = rows * s.state_bytes_per_snapshot  # restore per row
+        traffic = (s.weight_bytes + kv_bytes + state_bytes + self.capture_bytes(batch)) / (
+            g.hbm_bandwidth * k.bandwidth_efficiency)
         attn_t = attn / (g.bf16_flops * k.attention_efficiency)
         rec_t = s.recurrent_flops(tokens) / (g.bf16_flops * k.recurrent_efficiency)
         return CallCost(k.host, k.layer_launch * len(s.layers), k.row * rows, max(dense, traffic), attn_t, rec_t)
+
+    def capture_bytes(self, batch: Batch) -> int:
+        """Bytes written by state captures (each `state_out` point) and page copies (read + write):
+        what branch-point checkpoints add to a call (SPEC §14)."""
+        s = self.spec
+        snaps = sum(len(f.state_out) for f in batch.fragments)
+        copies = sum(len(f.copies_before) + len(f.copies_after) for f in batch.fragments)
+        return snaps * s.state_bytes_per_snapshot + 2 * copies * s.kv_bytes_per_token * self.block_size
+
+    def capture_time(self, batch: Batch) -> float:
+        """The capture bytes at the modelled bandwidth (an upper bound on their share of c(B))."""
+        return self.capture_bytes(batch) / (self.gpu.hbm_bandwidth * self.k.bandwidth_efficiency)
 
 
 def cache_budget(spec: ModelSpec, gpu: GPU, utilization: float = 0.8, activation_reserve: float = 0.04) -> int:

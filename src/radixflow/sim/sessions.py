@@ -18,6 +18,7 @@ from radixflow.core.policies import get_arm
 from radixflow.core.scheduler import Scheduler
 from radixflow.sim.cost_model import CostModel, get_gpu
 from radixflow.sim.executor import SimExecutor
+from radixflow.sim.runner import reuse_costs
 from radixflow.sim.session_measures import CallRecord, SessionRun, measure_sessions, steady_state
 from radixflow.spec import get_spec
 from radixflow.workloads.sessions import Session, full_prefix_unit
@@ -115,7 +116,7 @@ def simulate_policies(sessions: list[Session], model: str, gpu: str, evictions: 
                               num_kv_pages=max(1, cap // block_size), eviction=ev)
         if state_slots is not None:
             cfg.num_state_slots = state_slots
-        sched = Scheduler(cfg, get_arm("radix"), spec.is_hybrid)
+        sched = Scheduler(cfg, get_arm("radix"), spec.is_hybrid, reuse_costs(spec, block_size))
         run = run_sessions(sched, SimExecutor(cost, spec.vocab_size), sessions,
                            on_round=(lambda s, b: s.check_integrity()) if check else None)
         row = vars(measure_sessions(ev, run))

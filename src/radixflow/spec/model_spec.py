@@ -36,6 +36,9 @@ class ModelSpec:
     dtype_bytes: int = 2
     state_dtype_bytes: int = 2  # recurrent states in the model dtype (vLLM's default 'auto')
     mlp_per_layer: bool = True  # Qwen-style blocks: every attention/linear layer is followed by an MLP
+    # The config's SSM state dtype as vLLM reads it (Qwen3.5 `mamba_ssm_dtype`, Nemotron-H
+    # `mamba_ssm_cache_dtype`); it sets vLLM's hybrid block size (spec/vllm_align.py).
+    mamba_ssm_dtype: str = "auto"
 
     # ------------------------------------------------------------------ derived
     @property
@@ -132,7 +135,7 @@ def _nemotron_layers(pattern: str) -> tuple[str, ...]:
 
 
 _QWEN35 = dict(model_type="qwen3_5_text", vocab_size=248320, head_dim=256, gated_attention=True,
-               linear_k_dim=128, linear_v_dim=128, conv_kernel=4)
+               linear_k_dim=128, linear_v_dim=128, conv_kernel=4, mamba_ssm_dtype="float32")
 NEMOTRON_NANO_9B_V2_PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
 
 PRESETS: dict[str, ModelSpec] = {
@@ -231,14 +234,15 @@ def spec_from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
                          cfg.get("moe_intermediate_size", 0), gated_attention=True,
                          linear_k_heads=need("linear_num_key_heads"), linear_v_heads=need("linear_num_value_heads"),
                          linear_k_dim=need("linear_key_head_dim"), linear_v_dim=need("linear_value_head_dim"),
-                         conv_kernel=cfg.get("linear_conv_kernel_dim", 4), **common)
+                         conv_kernel=cfg.get("linear_conv_kernel_dim", 4),
+                         mamba_ssm_dtype=str(cfg.get("mamba_ssm_dtype") or "auto"), **common)
     if mt == "nemotron_h":
         return ModelSpec(layers=_nemotron_layer_list(cfg), intermediate_size=need("intermediate_size"),
                          mamba_heads=need("mamba_num_heads"), mamba_head_dim=need("mamba_head_dim"),
                          mamba_state=need("ssm_state_size"),
                          mamba_groups=cfg.get("mamba_n_groups", cfg.get("n_groups", 8)),
                          conv_kernel=cfg.get("mamba_d_conv", cfg.get("conv_kernel", 4)), mlp_per_layer=False,
-                         **common)
+                         mamba_ssm_dtype=str(cfg.get("mamba_ssm_cache_dtype") or "auto"), **common)
     if mt in ("qwen3", "llama"):
         return ModelSpec(layers=(ATTN,) * n, intermediate_size=need("intermediate_size"), **common)
     raise ValueError(f"unsupported model_type {mt!r}; supported: qwen3_5_text, qwen3_5, qwen3_next, "

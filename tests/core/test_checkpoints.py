@@ -1,0 +1,160 @@
+"""Branch-point checkpoints (SPEC §14) in the scheduler: exact resumes, bounded memory, misses by cause."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from factories import make_branches, small_config
+from radixflow.core.batch import Batch, ExecResult, Sample
+from radixflow.core.branch import Branch
+from radixflow.core.policies import get_arm
+from radixflow.core.scheduler import Scheduler
+from radixflow.workloads.trace import Segment, tokens_of
+
+
+class _Exec:
+    def execute(self, batch: Batch) -> ExecResult:
+        return ExecResult(0.01, {i: Sample(3 + f.end % 7) for i, f in enumerate(batch.fragments) if f.samples})
+
+
+def _run(branches, cfg, arm="radixflow", hybrid=True):
+    s = Scheduler(cfg, get_arm(arm), hybrid)
+    order = sorted(branches, key=lambda b: b.arrival)
+    now, i = 0.0, 0
+    while i < len(order) or s.has_unfinished:
+        while i < len(order) and order[i].arrival <= now:
+            s.add(order[i])
+            i += 1
+        deadline = s.admit(now)
+        batch = s.schedule(now)
+        if not batch:
+            now = max(now, min(t for t in (order[i].arrival if i < len(order) else None, deadline)
+                               if t is not None))
+            continue
+        now += 0.01
+        s.complete(batch, _Exec().execute(batch), now)
+        s.check_integrity()
+        _snapshots_sit_on_present_kv(s)
+    return s
+
+
+def _snapshots_sit_on_present_kv(s: Scheduler) -> None:
+    idx = s.index
+    live = set(idx._iter_nodes()) | set(idx._roots.values())
+    free_pages, free_slots = idx.pages.free_ids(), idx.slots.free_ids()
+    for snap in [*idx._tails, *(n.snapshot for n in idx._snap_nodes)]:
+        node = snap.node
+        assert node in live, "a snapshot outlived its node"
+        assert snap.slot not in free_slots
+        assert all(p not in free_pages for n in node.path() for p in n.pages), "snapshot without its KV path"
+        if snap.tail:
+            assert snap.tail_page not in free_pages and snap.depth == node.depth + len(snap.tail)
+
+
+def test_siblings_resume_at_the_exact_branch_point_inside_a_page():
+    # doc of 22 tokens with 4-token pages and a 16-token interval: the branch point is unaligned.
+    branches = make_branches(3, doc_len=22, tail=3)
+    s = _run(branches, small_config(checkpoints="branch"))
+    by_req = {}
+    for b in s.finished:
+        by_req.setdefault(b.request_id, []).append(b)
+    for group in by_req.values():
+        hits = sorted(b.cached_tokens for b in group)
+        assert hits[0] == 0 and hits[1:] == [22, 22, 22], hits
+    assert s.exact_checkpoints >= 3
+    assert s.holds_nothing()
+
+
+def test_boundary_mode_resumes_only_on_the_grid():
+    s = _run(make_branches(2, doc_len=22, tail=3), small_config(checkpoints="boundary"))
+    assert all(b.cached_tokens % 16 == 0 for b in s.finished)
+    assert s.exact_checkpoints == 0 and s.index.num_tails == 0
+
+
+def test_a_finished_branch_leaves_its_exact_end():
+    first = Branch("t1", 0, tokens_of([Segment("hist", 30)]), "chat", 0.0, max_new_tokens=3)
+    s = Scheduler(small_config(checkpoints="branch"), get_arm("radix"), True)
+    _feed(s, [first])
+    history = first.tokens[: first.num_computed_tokens]
+    assert len(history) == 32 and first.num_computed_tokens == 32  # 30 prompt + 2 of 3 sampled tokens
+    second = Branch("t2", 0, tuple(first.tokens) + tokens_of([Segment("user2", 5)]), "chat", 1.0)
+    _feed(s, [second])
+    assert second.cached_tokens == 32
+    third = Branch("t3", 0, tokens_of([Segment("hist", 30)]) + tokens_of([Segment("x", 3)]), "chat", 2.0)
+    _feed(s, [third])
+    assert third.cached_tokens == 30  # the first prompt's exact end (it generated more than one token)
+
+
+def _feed(s, branches):
+    now = max([0.0] + [b.arrival for b in branches])
+    for b in branches:
+        s.add(b)
+    while s.has_unfinished:
+        s.admit(now)
+        batch = s.schedule(now)
+        if not batch:
+            now = s.next_deadline or now + 0.01
+            continue
+        now += 0.01
+        s.complete(batch, _Exec().execute(batch), now)
+        s.check_integrity()
+
+
+def test_tails_go_with_their_node_and_are_evictable():
+    s = _run(make_branches(4, doc_len=22, tail=3), small_config(checkpoints="branch"))
+    assert s.index.num_tails > 0
+    s.index.reset()  # evicts every unlocked page and snapshot
+    assert s.index.num_tails == 0 and s.index.num_snapshots == 0
+    assert s.slots.num_free == s.slots.capacity and s.pages.num_free == s.pages.capacity
+    s.check_integrity()
+
+
+def test_removing_a_leaf_frees_its_tails():
+    s = _run(make_branches(1, doc_len=22, tail=3), small_config(checkpoints="branch"))
+    tails = list(s.index._tails)
+    node = next(t.node for t in tails if not t.node.is_root)
+    while node.children:
+        node = next(iter(node.children.values()))
+    on_leaf = list(node.tails)
+    free_before = s.slots.num_free
+    s.index._remove_leaf(node)
+    assert all(t not in s.index._tails for t in on_leaf)
+    assert s.slots.num_free == free_before + len(on_leaf) + (0 if node.snapshot is None else 1)
+    s.check_integrity()
+
+
+def test_misses_add_up_to_the_prompt():
+    branches = make_branches(4, doc_len=40, tail=6, same_doc=True)
+    for mode in ("boundary", "branch"):
+        s = _run([Branch(b.request_id, b.index, b.prompt, b.namespace, b.arrival) for b in branches],
+                 small_config(checkpoints=mode, num_state_slots=6))
+        for b in s.finished:
+            m = b.misses
+            assert m.ready_hit == b.cached_tokens and m.identity_hit >= m.ready_hit
+            assert m.ready_hit + m.checkpoint_missing + m.evicted + m.no_shared_prefix == m.prompt == b.prompt_len
+
+
+def test_evicted_snapshot_is_blamed_on_eviction():
+    cfg = small_config(checkpoints="branch")
+    s = Scheduler(cfg, get_arm("radix"), True)
+    a = Branch("a", 0, tokens_of([Segment("doc", 40)]), "n", 0.0)
+    _feed(s, [a])
+    s.index.evict_snapshots(s.slots.capacity)  # the state goes, the KV pages stay
+    b = Branch("b", 0, tokens_of([Segment("doc", 40), Segment("q", 5)]), "n", 1.0)
+    _feed(s, [b])
+    assert b.cached_tokens == 0 and b.misses.evicted == 40 and b.misses.checkpoint_missing == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 4), st.integers(1, 40), st.integers(1, 8), st.sampled_from([6, 12, 64]),
+       st.sampled_from([0, 600]), st.sampled_from(["radix", "radixflow"]))
+def test_bounded_memory_and_nothing_held_after_drain(groups, doc, tail, slots, budget, arm):
+    branches = make_branches(groups, doc_len=doc, tail=tail, arrival_gap=0.005)
+    cfg = small_config(checkpoints="branch", num_state_slots=slots, num_kv_pages=120,
+                       cache_memory_bytes=budget, kv_page_bytes=10 if budget else 0,
+                       state_slot_bytes=40 if budget else 0, max_num_batched_tokens=48)
+    s = _run(branches, cfg, arm)
+    assert len(s.finished) == len(branches)
+    assert s.holds_nothing()
+    assert s.index.num_snapshots <= slots

@@ -1,0 +1,85 @@
+"""`--scheduler vllm` (integrations/vllm/sim_backend.py): vLLM 0.33's own Scheduler under the cost model, and
+radixflow's scheduler in `--snapshot-mode vllm-align` matching it step for step on small traces."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from vllm_factories import load_harness
+
+from radixflow.cli import main
+from radixflow.config import SchedulerConfig
+from radixflow.core.policies import get_arm
+from radixflow.integrations.vllm import sim_backend as vllm_backend
+from radixflow.sim.cost_model import get_gpu
+from radixflow.sim.runner import SimSetup, run_arm
+from radixflow.spec import get_spec
+from radixflow.workloads.qa import QUALITY, RACE_M, stream_records, synth_questions
+from radixflow.workloads.trace import branch_from_record
+
+
+def _trace(shape, questions: int, stream: str, rate: float, gap: float = 0.0005):
+    qs = synth_questions(shape, random.Random(0), questions)
+    return [branch_from_record(r) for r in stream_records(qs, stream, "forward", rate, 0, branch_gap=gap)]
+
+
+@pytest.mark.parametrize(("model", "shape", "stream", "rate", "arm"), [
+    ("qwen3.5-0.8b", QUALITY, "reuse", 5.0, "radix"),
+    ("qwen3.5-0.8b", QUALITY, "cold", 5.0, "radixflow"),
+    ("nemotron-nano-9b-v2", QUALITY, "reuse", 0.0, "radixflow"),
+    ("nemotron-nano-9b-v2", RACE_M, "cold", 1.5, "radix+flex"),
+])
+def test_vllm_align_matches_vllms_scheduler_exactly(model, shape, stream, rate, arm):
+    load_harness()
+    spec = get_spec(model)
+    setup = SimSetup(spec, get_gpu("a800"), SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8192,
+                                                              snapshot_mode="vllm-align"), check=True)
+    branches = _trace(shape, 12, stream, rate)
+    ours, _ = run_arm(setup, get_arm(arm), [branches])
+    theirs, runs = vllm_backend.run_vllm_arm(setup, get_arm(arm), [branches])
+    assert 1 < ours.rounds < ours.fragments  # several rounds, several rows each: not a trivial trace
+    assert (ours.rounds, ours.tokens, ours.cached_tokens) == (theirs.rounds, theirs.tokens, theirs.cached_tokens)
+    if arm.startswith("radix+") or arm == "radix":  # prefix-stop against vLLM native: row for row
+        assert (ours.fragments, ours.blocked_deferrals) == (theirs.fragments, theirs.blocked_deferrals)
+        assert ours.host_time == pytest.approx(theirs.host_time)  # same rows, same cost model, same clock
+    else:  # state-ready against the plugin: both reserve for deferred branches, each its own way (SPEC §12)
+        assert ours.fragments == pytest.approx(theirs.fragments, rel=0.03)
+        assert ours.blocked_deferrals > 0 and theirs.blocked_deferrals > 0
+    assert all(b.finished_at is not None for b in runs[0].branches)
+
+
+def test_vllm_backend_refuses_the_fragment_arm():
+    load_harness()
+    setup = SimSetup(get_spec("qwen3.5-0.8b"), get_gpu("a800"), SchedulerConfig(snapshot_mode="vllm-align"))
+    with pytest.raises(ValueError, match="no vLLM counterpart"):
+        vllm_backend.run_vllm_arm(setup, get_arm("radixflow+frag"), [_trace(RACE_M, 1, "cold", 0.0)])
+
+
+def test_simulate_with_vllm_scheduler_writes_the_same_json(tmp_path, capsys):
+    load_harness()
+    import json
+
+    out = tmp_path / "r.json"
+    args = ["simulate", "--model", "nemotron-nano-9b-v2", "--questions", "6", "--stream", "cold", "--order",
+            "forward", "--snapshot-mode", "vllm-align", "--branch-gap", "0.0005", "--json", str(out)]
+    assert main([*args, "--scheduler", "vllm"]) == 0
+    assert "rows/branch" in capsys.readouterr().out
+    theirs = json.loads(out.read_text())
+    assert main(args) == 0
+    ours = json.loads(out.read_text())
+    assert theirs["meta"]["scheduler"] == "vllm" and theirs["meta"]["block_size"] == 1312
+    for a, b in zip(ours["arms"], theirs["arms"]):
+        assert a.keys() == b.keys()
+        assert (a["rounds"], a["fragments"], a["cached_tokens"]) == (b["rounds"], b["fragments"], b["cached_tokens"])
+        assert a["rows_per_branch"] == a["fragments"] / a["branches"]
+
+
+def test_simulate_with_vllm_scheduler_without_vllm_is_one_line_exit_2(monkeypatch, capsys):
+    def missing():
+        raise vllm_backend.VllmUnavailable("--scheduler vllm needs vLLM 0.33 (the 'vllm' extra)")
+
+    monkeypatch.setattr(vllm_backend, "_harness", missing)
+    assert main(["simulate", "--questions", "1", "--scheduler", "vllm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs vLLM 0.33" in err[0]
