@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_harness import drain
 
 from radixflow.config import SchedulerConfig
 from radixflow.engine.engine import Engine, EngineConfig
@@ -31,17 +32,6 @@ def _engine(directory, loaded, checkpoints="branch", caching=True):
     return Engine(EngineConfig(model=str(directory), scheduler=sc, kv_cache_memory=32 << 20, max_model_len=1024),
                   loaded=loaded, keep_logits=True)
 
-
-def _drain(eng: Engine) -> int:
-    rounds = 0
-    while eng.has_unfinished:
-        batch, _ = eng.step()
-        if not batch:
-            eng.now = max(eng.now, eng.idle_until() or eng.now)
-            continue
-        eng.scheduler.check_integrity()
-        rounds += 1
-    return rounds
 
 
 def _ids(n, seed):
@@ -81,12 +71,12 @@ def test_siblings_resume_at_the_unaligned_branch_point(setup):
     cold = _engine(directory, lm, caching=False)
     for i, p in enumerate(prompts):
         cold.add([cold.make_branch(f"c{i}", 0, p, GREEDY)])
-        _drain(cold)
+        drain(cold)
     cold_logits = {b.request_id: b.user_data.prompt_logits for b in cold.scheduler.finished}
 
     warm = _engine(directory, lm)
     warm.add([warm.make_branch("w", i, p, GREEDY) for i, p in enumerate(prompts)])
-    _drain(warm)
+    drain(warm)
     done = sorted(warm.scheduler.finished, key=lambda b: b.index)
     if lm.model.is_hybrid:
         assert [b.cached_tokens for b in done] == [0, DOC, DOC, DOC], "siblings resume at the exact branch point"
@@ -105,13 +95,13 @@ def test_next_turn_resumes_at_the_exact_end_of_the_last(setup):
     first = _ids(93, 3)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     eng.add([eng.make_branch("t1", 0, first, params)])
-    _drain(eng)
+    drain(eng)
     b1 = eng.scheduler.finished[-1]
     history = list(b1.prompt) + b1.output
     computed = len(history) - 1  # the last sampled token never ran through the model
     second = history + _ids(9, 4)
     eng.add([eng.make_branch("t2", 0, second, GREEDY)])
-    _drain(eng)
+    drain(eng)
     b2 = eng.scheduler.finished[-1]
     if lm.model.is_hybrid:
         assert computed % BLOCK and b2.cached_tokens == computed

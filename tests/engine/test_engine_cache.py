@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from engine_harness import drain
 
 from radixflow.config import SchedulerConfig
 from radixflow.core.branch import Branch
@@ -31,17 +32,6 @@ def _engine(name, loaded, policy="radixflow", caching=True, memory=64 << 20, S=8
                   loaded=loaded, keep_logits=True)
 
 
-def _drain(eng: Engine) -> list:
-    rounds = []
-    while eng.has_unfinished:
-        batch, _ = eng.step()
-        if not batch:
-            eng.now = max(eng.now, eng.idle_until() or eng.now)
-            continue
-        eng.scheduler.check_integrity()
-        rounds.append(batch)
-    return rounds
-
 
 def _prompt(rng, n):
     return [rng.randrange(256) for _ in range(n)]
@@ -58,12 +48,12 @@ def test_hit_gives_the_same_logits_as_cold(loaded):
     cold_logits = []
     for i, t in enumerate(tails):
         cold.add([cold.make_branch(f"c{i}", 0, doc + t, greedy)])
-        _drain(cold)
+        drain(cold)
     cold_logits = [b.user_data.prompt_logits for b in cold.scheduler.finished]
 
     warm = _engine(name, lm)
     warm.add([warm.make_branch("w", i, doc + t, greedy) for i, t in enumerate(tails)])
-    rounds = _drain(warm)
+    rounds = drain(warm)
     hits = sorted(warm.scheduler.finished, key=lambda b: b.index)
     assert sum(b.cached_tokens for b in hits) >= 3 * 192, "siblings must resume from the shared document"
     if name == "tiny-qwen3":
@@ -89,7 +79,7 @@ def _run(eng: Engine, reqs, max_tokens=6) -> dict:
     p = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     for r, prompts in enumerate(reqs):
         eng.add([eng.make_branch(f"r{r}", i, pr, p) for i, pr in enumerate(prompts)])
-    _drain(eng)
+    drain(eng)
     assert eng.scheduler.holds_nothing()
     return {b.key: list(b.output) for b in eng.scheduler.finished}
 

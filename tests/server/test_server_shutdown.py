@@ -36,23 +36,29 @@ def _serve(tmp_path, *flags: str) -> tuple[subprocess.Popen, str, object]:
         time.sleep(0.2)
 
 
+def _stream_started(url: str, body: dict) -> tuple[threading.Thread, list[str]]:
+    """Streams `body` in a thread; returns once the first event arrived, with the list it keeps filling."""
+    events: list[str] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    started.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    assert started.wait(60)
+    return t, events
+
+
 def test_sigterm_drains_then_exits(tmp_path):
     proc, url, log = _serve(tmp_path, "--max-model-len", "1024")
     try:
-        events: list[str] = []
-        started = threading.Event()
-
-        def stream() -> None:
-            body = {"prompt": "drain me", "max_tokens": 600, "ignore_eos": True, "stream": True}
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        events.append(line[6:])
-                        started.set()
-
-        t = threading.Thread(target=stream)
-        t.start()
-        assert started.wait(60)
+        body = {"prompt": "drain me", "max_tokens": 600, "ignore_eos": True, "stream": True}
+        t, events = _stream_started(url, body)
         proc.send_signal(signal.SIGTERM)
         refused = None
         for _ in range(100):  # the signal is handled on the server's next tick
@@ -78,20 +84,9 @@ def test_drain_timeout_is_applied_once_and_cut_streams_get_an_error_event(tmp_pa
     drain = 3.0
     proc, url, log = _serve(tmp_path, "--max-model-len", "8192", "--drain-timeout", str(drain))
     try:
-        events: list[str] = []
-        started = threading.Event()
-
-        def stream() -> None:  # far longer than the drain: 8000 tokens
-            body = {"prompt": "never finishes", "max_tokens": 8000, "ignore_eos": True, "stream": True}
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        events.append(line[6:])
-                        started.set()
-
-        t = threading.Thread(target=stream)
-        t.start()
-        assert started.wait(60)
+        # far longer than the drain: 8000 tokens
+        body = {"prompt": "never finishes", "max_tokens": 8000, "ignore_eos": True, "stream": True}
+        t, events = _stream_started(url, body)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
