@@ -207,11 +207,13 @@ class RadixIndex:
         return out
 
     def insert(self, namespace: str, tokens, hashes: list[int], page_table: list[int], num_pages: int,
-               now: float) -> tuple[Node, int]:
+               now: float, cuts: range | None = None) -> tuple[Node, int]:
         """Registers the first `num_pages` pages of a branch (pending until `publish`).
 
         Returns the node holding page num_pages-1 and the index of the first page the tree adopted
         (pages before it already existed in the tree and stay the caller's private copies).
+        `cuts`: page counts where the caller will split the new pages at once (its snapshot depths);
+        the new pages are laid down as a chain of nodes ending there, the tree `node_at` would leave.
         """
         assert num_pages >= 1 and len(page_table) >= num_pages and len(hashes) >= num_pages
         m = self.match(hashes, num_pages)
@@ -220,15 +222,17 @@ class RadixIndex:
             return m.node, num_pages
         bs = self.block_size
         parent = self._node_ending_at(m) if have else self._root(namespace)
-        key = tuple(tokens[have * bs : num_pages * bs])
-        node = Node(parent, namespace, key, list(page_table[have:num_pages]), list(hashes[have:num_pages]),
-                    num_pages * bs, lock_ref=0, last_access=now, pending=True)
-        node.lock_ref = 0
-        parent.children[key[:bs]] = node
         self._leaves.discard(parent)
+        lo = have
+        for hi in (*(c for c in cuts if have < c < num_pages), num_pages) if cuts else (num_pages,):
+            key = tuple(tokens[lo * bs : hi * bs])
+            node = Node(parent, namespace, key, page_table[lo:hi], hashes[lo:hi], hi * bs,
+                        lock_ref=0, last_access=now, pending=True)
+            parent.children[key[:bs]] = node
+            self._by_hash.update(dict.fromkeys(node.hashes, node))
+            self._pending_nodes.append(node)
+            parent, lo = node, hi
         self._leaves.add(node)
-        self._by_hash.update(dict.fromkeys(node.hashes, node))
-        self._pending_nodes.append(node)
         return node, have
 
     def node_at(self, m: Match) -> Node:

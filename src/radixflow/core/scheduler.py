@@ -263,7 +263,10 @@ class Scheduler:
         find, in_tree, blocked = groups.find, self.index.page_hashes, groups.by_key
         bs, interval = self.block_size, self.interval
         deferred = 0
-        for pos, b in enumerate(waiting):
+        pos, n_waiting = -1, len(waiting)
+        while pos + 1 < n_waiting:
+            pos += 1
+            b = waiting[pos]
             if deferred and rows and tokens:
                 # A member of a group already Blocked this round: same path, same ĥ, same boundary.
                 # (The first test is `find`'s own, inlined: this loop may walk 10k Blocked branches.)
@@ -284,8 +287,25 @@ class Scheduler:
                     b.blocked_rounds += b.first_selected_at is None
                     if claims.open:
                         claims.defer(b, d)
-                    else:
-                        claims.deferred += 1
+                        continue
+                    # Claims closed and no token test to make: the members that follow this one are
+                    # Blocked on the same snapshot by the same two tests, in one tight loop.
+                    j, key = pos + 1, tr.group_key
+                    if tokens >= interval and not d % interval:
+                        while j < n_waiting:
+                            b = waiting[j]
+                            tr = b.sched
+                            if tr.group_key != key:
+                                break
+                            nh = tr.next_hash
+                            if nh is not None and nh in in_tree:
+                                break
+                            if b.first_selected_at is None:
+                                b.blocked_rounds += 1
+                            j += 1
+                    claims.deferred += j - pos
+                    deferred += j - pos - 1
+                    pos = j - 1
                     continue
             outcome, plan, reason = self._check(b, rows, tokens, claims=claims)
             if outcome is Outcome.READY:
@@ -326,8 +346,14 @@ class Scheduler:
             tokens -= plan.num_tokens
             if claims is not None:
                 claims.carry(b, plan.start + plan.num_tokens)
-        for pos in sorted(taken, reverse=True):
-            del waiting[pos]
+        taken.sort()
+        end = len(taken)
+        while end:  # from the back, one slice per run of adjacent positions (one memmove each)
+            start = end - 1
+            while start and taken[start - 1] == taken[start] - 1:
+                start -= 1
+            del waiting[taken[start] : taken[end - 1] + 1]
+            end = start
 
     def _new_claims(self, batch: Batch) -> Claims:
         """The reservation for D_t, opened at the first deferral with every row placed so far."""
@@ -458,7 +484,11 @@ class Scheduler:
             tr.private.update(pages)
         full = end // bs
         if self.config.enable_prefix_caching and full:
-            self._register(b, full, now)
+            cuts = None
+            if self.hybrid and not self.chunk_end and self.branch_points is None:  # _captures' depths
+                step = self.interval // bs
+                cuts = range((start // self.interval + 1) * step, full, step)
+            self._register(b, full, now, cuts)
         tr.level += 1
         self.max_level = max(self.max_level, tr.level)
         frag = Fragment(b, start, n, list(tr.page_table), samples=end == b.num_tokens, first=first)
@@ -472,14 +502,14 @@ class Scheduler:
         batch.fragments.append(frag)
         b.num_fragments += 1
 
-    def _register(self, b: Branch, full: int, now: float) -> None:
+    def _register(self, b: Branch, full: int, now: float, cuts: range | None = None) -> None:
         """Registers the branch's full pages in the index (pending: usable by full attention this round)."""
         tr: _Track = b.sched
         if tr.no_cache:
             return
         if len(tr.hashes) < full:
             tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
-        node, adopted = self.index.insert(b.namespace, b.tokens, tr.hashes, tr.page_table, full, now)
+        node, adopted = self.index.insert(b.namespace, b.tokens, tr.hashes, tr.page_table, full, now, cuts)
         tr.private.difference_update(tr.page_table[adopted:full])
         if node is not tr.node:
             self.index.lock(node)
