@@ -440,14 +440,14 @@ class Scheduler:
         if b.first_selected_at is None:
             b.first_selected_at = now
             b.cached_tokens = start
-            b.identity_hit = self._identity(b, plan.match)
+            b.identity_hit = plan.match.depth if self.branch_points is None else self._identity(b, plan.match)
             b.misses = at_first_selection(self.index, b.namespace, b.tokens, tr.hashes, b.prompt_len,
                                           b.identity_hit, start, (b.blocked_rounds, b.blocked_tokens))
         b.state = BranchState.RUNNING
         self.running.append(b)
         tr.group_key = tr.next_hash = None
         b.num_computed_tokens = start
-        tr.junction = self._junction(plan.match, start)
+        tr.junction = self._junction(plan.match, start) if self.vllm_align else 0
         if start:
             node = plan.match.node
             self.index.lock(node)
@@ -490,7 +490,8 @@ class Scheduler:
                 cuts = range((start // self.interval + 1) * step, full, step)
             self._register(b, full, now, cuts)
         tr.level += 1
-        self.max_level = max(self.max_level, tr.level)
+        if tr.level > self.max_level:
+            self.max_level = tr.level
         frag = Fragment(b, start, n, list(tr.page_table), samples=end == b.num_tokens, first=first)
         if copy_in is not None:
             frag.copies_before.append(copy_in)
@@ -734,7 +735,10 @@ class Scheduler:
     def _ensure(self, pages: int, slots: int) -> bool:
         """Makes room for `pages` pages and `slots` slots at once, evicting cached tails and snapshots."""
         p, s, budget = self.pages, self.slots, self.pages.budget
-        if pages > p.num_free:
+        free_pages, free_slots = p.num_free, s.num_free
+        if budget is None and pages <= free_pages and slots <= free_slots:
+            return True  # the common case: room without evicting anything
+        if pages > free_pages:
             self.index.evict_pages(pages - p.num_free)
         if slots > s.num_free:
             self.index.evict_snapshots(slots - s.num_free)
