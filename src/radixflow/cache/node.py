@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Snapshot:
     slot: int
     depth: int
@@ -20,7 +20,7 @@ class Snapshot:
     tail_page: int | None = None  # KV page owned by a tail snapshot: the K/V of `tail`
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     parent: Node | None
     namespace: str

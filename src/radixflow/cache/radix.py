@@ -239,6 +239,11 @@ class RadixIndex:
         """The node ending exactly at m.depth (splitting one if needed)."""
         return self._node_ending_at(m)
 
+    def node_after(self, hashes: list[int], num_pages: int) -> Node:
+        """`node_at` for a path whose first `num_pages` pages are known to be in the tree (the caller
+        registered them): no lookup of the match, one hash probe."""
+        return self._node_ending_at(Match(num_pages * self.block_size, self._by_hash[hashes[num_pages - 1]]))
+
     def attach_snapshot(self, node: Node, slot: int, producer: int | None, now: float) -> Snapshot | None:
         """Puts a snapshot at the end of `node`; None if one is already there (caller keeps its slot)."""
         if node.snapshot is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import NamedTuple
 
 from radixflow.cache.eviction import ReuseCosts
@@ -25,7 +26,7 @@ from radixflow.core.policies import AdmissionView, Arm
 from radixflow.core.vllm_split import aligned_split, internal_checkpoint
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Track:
     """Scheduler-private state of one branch."""
 
@@ -292,13 +293,9 @@ class Scheduler:
                     # Blocked on the same snapshot by the same two tests, in one tight loop.
                     j, key = pos + 1, tr.group_key
                     if tokens >= interval and not d % interval:
-                        while j < n_waiting:
-                            b = waiting[j]
+                        for b in islice(waiting, j, None):
                             tr = b.sched
-                            if tr.group_key != key:
-                                break
-                            nh = tr.next_hash
-                            if nh is not None and nh in in_tree:
+                            if tr.group_key != key or (tr.next_hash is not None and tr.next_hash in in_tree):
                                 break
                             if b.first_selected_at is None:
                                 b.blocked_rounds += 1
@@ -561,7 +558,7 @@ class Scheduler:
     def _capture_at(self, b: Branch, depth: int, start: int, now: float, out: list[tuple[int, int]]) -> None:
         """A pending snapshot at `depth` written by this row, unless one exists or no slot can be had."""
         tr: _Track = b.sched
-        node = self.index.node_at(self.index.match(tr.hashes, depth // self.block_size))
+        node = self.index.node_after(tr.hashes, depth // self.block_size)  # registered by _place
         if node.snapshot is not None or not self._ensure_slots(1):
             return
         slot = self.slots.allocate_one()
