@@ -58,6 +58,11 @@ def _fresh(branches):
             for b in branches]
 
 
+def _frag_key(f):
+    return (f.branch.uid, f.start, f.num_tokens, tuple(f.page_table), f.state_in, tuple(f.state_out),
+            f.samples, f.first, tuple(f.copies_before), tuple(f.copies_after))
+
+
 def _assert_feasible(s: Scheduler, batch: Batch) -> None:
     cfg = s.config
     assert batch.num_rows <= cfg.max_num_seqs
@@ -150,14 +155,45 @@ def test_prefix_stop_batch_is_subset_of_state_ready_and_no_avoidable_bubble(bran
                 # Rows held back for D_t's reservation (SPEC §12) are not a bubble.
                 outcome, _, _ = sr._check(b, rows, tokens, claims=sr.claims)
                 assert outcome is not Outcome.READY, "avoidable bubble: a Ready branch was left out"
-        # Blocked groups recognised by one key decide exactly as a lookup per branch would.
+        # Blocked groups recognised by one key (and walked in runs) decide exactly as a lookup per
+        # branch would: the same rows, fragments, pages and state slots.
         full = copy.deepcopy(s)
         full.arm = get_arm("radixflow")
+        full.group_shortcut = False
         with mock.patch.object(BlockedGroups, "find", lambda self, b: None):
             b_full = full.schedule(now)
-        assert [f.branch.uid for f in b_full.fragments] == [f.branch.uid for f in b_sr.fragments]
+        assert [_frag_key(f) for f in b_full.fragments] == [_frag_key(f) for f in b_sr.fragments]
         assert (b_full.deferred, b_full.stop_reason) == (b_sr.deferred, b_sr.stop_reason)
+        assert ([b.blocked_rounds for b in full.waiting] == [b.blocked_rounds for b in sr.waiting])
         checked.append(len(sel_sr) - len(sel_ps))
 
     _drive(_fresh(branches), "radixflow", cfg, hybrid, per_round=compare)
     assert checked
+
+
+def test_group_runs_decide_as_a_lookup_per_branch_on_a_fan_and_groups():
+    """The scan-cost shapes (benchmarks/scheduler_scan.py, small): one document shared by 60
+    branches (every one Blocked behind the first producer, walked as one run once the claims are
+    closed) and groups of 4; the shortcut on and off give the same batches round after round."""
+    doc, fan, groups = Segment("doc", 96), [], []
+    for i in range(60):
+        fan.append(Branch(f"f{i}", 0, tokens_of([doc, Segment(f"t{i}", 8)]), max_new_tokens=2))
+        groups.append(Branch(f"g{i}", 0, tokens_of([Segment(f"doc{i // 4}", 96), Segment(f"u{i}", 8)])))
+    cfg = small_config(max_num_seqs=4, max_num_batched_tokens=256, block_size=4, state_interval=16)
+    for branches, long_run in ((fan, 40), (groups, 3)):
+        runs = []
+        for shortcut in (True, False):
+            s = Scheduler(cfg, get_arm("radixflow"), hybrid=True)
+            s.group_shortcut = shortcut
+            for b in _fresh(branches):
+                s.add(b)
+            s.admit(0.0)
+            trace = []
+            while s.has_unfinished:
+                batch = s.schedule(1.0)
+                trace.append(([_frag_key(f) for f in batch.fragments], batch.deferred, batch.stop_reason))
+                s.complete(batch, _Exec().execute(batch), 1.0)
+                s.check_integrity()
+            runs.append((trace, [b.blocked_rounds for b in s.finished]))
+        assert runs[0] == runs[1]
+        assert max(t[1] for t in runs[0][0]) >= long_run, "the shape did not defer a long run"

@@ -71,6 +71,10 @@ class RoundRecord:
 
 
 class Scheduler:
+    # Blocked groups recognised by one key (core/lookup.py); False: a full lookup per branch (the
+    # property tests replay every round both ways and require the same batch).
+    group_shortcut = True
+
     def __init__(self, config: SchedulerConfig, arm: Arm, hybrid: bool, costs: ReuseCosts | None = None) -> None:
         config.validate()
         self.config = config
@@ -263,12 +267,12 @@ class Scheduler:
         groups = BlockedGroups(self.index)
         find, in_tree, blocked = groups.find, self.index.page_hashes, groups.by_key
         bs, interval = self.block_size, self.interval
-        deferred = 0
+        deferred, shortcut = 0, self.group_shortcut
         pos, n_waiting = -1, len(waiting)
         while pos + 1 < n_waiting:
             pos += 1
             b = waiting[pos]
-            if deferred and rows and tokens:
+            if deferred and rows and tokens and shortcut:
                 # A member of a group already Blocked this round: same path, same ĥ, same boundary.
                 # (The first test is `find`'s own, inlined: this loop may walk 10k Blocked branches.)
                 tr = b.sched
