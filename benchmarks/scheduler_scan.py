@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             for v in ROWS.values():
                 v.clear()
             if not group:
-                cells.append(f"  [first round: state-ready {sr[0]:.3f} ms"
+                cells.append(f"  [first round: state-ready {sr[0]:.3f} ms (max of any round {max(sr):.3f})"
                              + (f", vLLM {native[0]:.3f} ms]" if native else "]"))
             print(" ".join(cells))
     if not have_vllm:
