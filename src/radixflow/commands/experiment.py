@@ -63,6 +63,7 @@ def add_arguments(p) -> None:
     p.add_argument("--checkpoints", default=None, choices=CHECKPOINT_MODES,
                    help=help_of(SchedulerConfig, "checkpoints") + " (default: the preset's, boundary); every QA and "
                         "multi-turn cell (the figure-1 toy instance keeps its own boundaries)")
+    p.add_argument("--checkpoint-wait", default=None, help=help_of(SchedulerConfig, "checkpoint_wait"))
     p.add_argument("--branch-gap", type=float, default=None,
                    help="mean seconds between a question's branches (default: the preset's, 0.0005)")
     p.add_argument("--scheduler", default="radixflow", choices=SCHEDULERS,
@@ -98,6 +99,9 @@ def grid_from_args(args):
         grid.branch_gap = args.branch_gap
     if args.checkpoints:
         grid.checkpoints = args.checkpoints
+    if args.checkpoint_wait:
+        SchedulerConfig(checkpoint_wait=args.checkpoint_wait).validate()  # one clear line, not one per cell
+        grid.checkpoint_wait = args.checkpoint_wait
     grid.scheduler = args.scheduler
     if args.scheduler == "vllm" and grid.checkpoints != "boundary":
         raise ValueError(f"--checkpoints {grid.checkpoints} is radixflow's scheduler only: vLLM's own Scheduler "

@@ -77,6 +77,7 @@ class Grid:
     calibrate: bool = False
     snapshot_mode: str = "vllm-align"  # SchedulerConfig.snapshot_mode (hybrid models); vLLM's own by default
     checkpoints: str = "boundary"  # SchedulerConfig.checkpoints (hybrid models): boundary | branch (SPEC §14)
+    checkpoint_wait: str = "grid"  # SchedulerConfig.checkpoint_wait (branch checkpoints)
     branch_gap: float = 0.0005  # mean s between a question's branches: the paper sends each on its own (§6)
     scheduler: str = "radixflow"  # radixflow | vllm (vLLM 0.33's Scheduler, integrations/vllm/sim_backend.py)
     budgets: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(paper.BUDGETS))
@@ -100,7 +101,7 @@ class Grid:
             "snapshot_mode": self.snapshot_mode,
         }
         if self.checkpoints != "boundary":  # absent from older cells: they stay valid
-            fp["checkpoints"] = self.checkpoints
+            fp.update(checkpoints=self.checkpoints, checkpoint_wait=self.checkpoint_wait)
         if cell.kind == "qa":
             fp.update(branch_gap=self.branch_gap, scheduler=self.scheduler)
         if cell.kind == "qa":
@@ -128,7 +129,7 @@ def preset(name: str) -> Grid:
 def sim_setup(grid: Grid, model: str, budgets: tuple[int, int], hook=None) -> SimSetup:
     spec = get_spec(model)
     cfg = SchedulerConfig(max_num_seqs=budgets[0], max_num_batched_tokens=budgets[1], snapshot_mode=grid.snapshot_mode,
-                          checkpoints=grid.checkpoints)
+                          checkpoints=grid.checkpoints, checkpoint_wait=grid.checkpoint_wait)
     cfg.validate()
     return SimSetup(spec, get_gpu(grid.gpu), cfg, round_hook=hook)
 
@@ -166,6 +167,7 @@ def _qa_cell(grid: Grid, cell: Cell) -> dict:
             "max_num_batched_tokens": budgets[1],
             "snapshot_mode": grid.snapshot_mode,
             "checkpoints": grid.checkpoints,
+            "checkpoint_wait": grid.checkpoint_wait,
             "block_size": setup.scheduler_config().block_size,
             "branch_gap": grid.branch_gap,
             "scheduler": grid.scheduler,
