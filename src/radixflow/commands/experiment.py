@@ -62,6 +62,8 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--branch-gap", type=float, default=None,
                    help="mean seconds between a question's branches (default: the preset's, 0.0005)")
+    p.add_argument("--prefix-match-unit", type=int, default=None,
+                   help="vllm-align: " + help_of(SchedulerConfig, "prefix_match_unit") + " (default: the preset's)")
     p.add_argument("--scheduler", default="radixflow", choices=SCHEDULERS,
                    help="radixflow: radixflow's scheduler; vllm: vLLM 0.33's own Scheduler (the 'vllm' extra; "
                         "the radixflow+frag arm has no vLLM counterpart and is left out)")
@@ -93,6 +95,10 @@ def grid_from_args(args):
         if args.branch_gap < 0:
             raise ValueError(f"--branch-gap must be >= 0, got {args.branch_gap}")
         grid.branch_gap = args.branch_gap
+    if args.prefix_match_unit is not None:
+        if args.prefix_match_unit < 0:
+            raise ValueError(f"--prefix-match-unit must be >= 0 (0: the block), got {args.prefix_match_unit}")
+        grid.prefix_match_unit = args.prefix_match_unit
     grid.scheduler = args.scheduler
     if args.scheduler == "vllm":
         arm_runner("vllm")  # one clear line now if vLLM is missing, not one per cell

@@ -78,6 +78,7 @@ class Grid:
     snapshot_mode: str = "vllm-align"  # SchedulerConfig.snapshot_mode (hybrid models); vLLM's own by default
     branch_gap: float = 0.0005  # mean s between a question's branches: the paper sends each on its own (§6)
     scheduler: str = "radixflow"  # radixflow | vllm (vLLM 0.33's Scheduler, integrations/vllm/sim_backend.py)
+    prefix_match_unit: int = 0  # vllm-align: vLLM's --prefix-match-unit (0 = the block B: no partial hits)
     budgets: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(paper.BUDGETS))
 
     def rate_of(self, model: str) -> float:
@@ -100,6 +101,8 @@ class Grid:
         }
         if cell.kind == "qa":
             fp.update(branch_gap=self.branch_gap, scheduler=self.scheduler)
+            if self.prefix_match_unit:  # absent at 0, so cells run before the field keep their fingerprint
+                fp.update(prefix_match_unit=self.prefix_match_unit)
         if cell.kind == "qa":
             fp.update(
                 questions=self.questions,
@@ -124,7 +127,8 @@ def preset(name: str) -> Grid:
 # ----------------------------------------------------------------------------- one cell
 def sim_setup(grid: Grid, model: str, budgets: tuple[int, int], hook=None) -> SimSetup:
     spec = get_spec(model)
-    cfg = SchedulerConfig(max_num_seqs=budgets[0], max_num_batched_tokens=budgets[1], snapshot_mode=grid.snapshot_mode)
+    cfg = SchedulerConfig(max_num_seqs=budgets[0], max_num_batched_tokens=budgets[1], snapshot_mode=grid.snapshot_mode,
+                          prefix_match_unit=grid.prefix_match_unit)
     cfg.validate()
     return SimSetup(spec, get_gpu(grid.gpu), cfg, round_hook=hook)
 
@@ -164,6 +168,7 @@ def _qa_cell(grid: Grid, cell: Cell) -> dict:
             "block_size": setup.scheduler_config().block_size,
             "branch_gap": grid.branch_gap,
             "scheduler": grid.scheduler,
+            "prefix_match_unit": setup.scheduler_config().prefix_match_unit,
         },
         "arms": [arm],
     }
@@ -187,7 +192,7 @@ def _figure1_cell(grid: Grid, cell: Cell) -> dict:
 
     budgets = (FIGURE1_BUDGETS["max_num_seqs"], FIGURE1_BUDGETS["max_num_batched_tokens"])
     # The toy instance fixes its own boundaries (SPEC §11), whatever mode the grid runs in.
-    setup = sim_setup(replace(grid, snapshot_mode="every-boundary"), cell.model, budgets, hook)
+    setup = sim_setup(replace(grid, snapshot_mode="every-boundary", prefix_match_unit=0), cell.model, budgets, hook)
     vocab = setup.spec.vocab_size
     m, _ = run_arm(setup, get_arm(cell.arm), [[branch_from_record(r, "figure1", vocab) for r in figure1_records()]])
     arm = get_arm(cell.arm)

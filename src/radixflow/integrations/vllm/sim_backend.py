@@ -27,7 +27,7 @@ from radixflow.core.loop import RunResult
 from radixflow.core.metrics import ArmMeasures, measure, merge
 from radixflow.core.policies import AdmissionView, Arm, StateReady
 from radixflow.core.scheduler import RoundRecord
-from radixflow.core.vllm_split import internal_checkpoint
+from radixflow.core.vllm_split import internal_checkpoint, tail_boundary
 from radixflow.sim.cost_model import CostModel
 from radixflow.sim.runner import run_arm
 from radixflow.spec.vllm_align import state_groups
@@ -179,14 +179,16 @@ def run_vllm_trace(cfg: SchedulerConfig, arm: Arm, cost: CostModel, branches: li
             start = req.num_computed_tokens - n  # schedule() has already advanced it
             frag = Fragment(b, start, n, [], samples=start + n >= req.num_tokens)
             if hybrid:
-                ckpt = internal_checkpoint(start, start + n, b.prompt_len, req.num_tokens, bs, cfg.internal_checkpoint)
+                unit = cfg.prefix_match_unit or bs
+                ckpt = internal_checkpoint(start, start + n, b.prompt_len, req.num_tokens, bs, cfg.internal_checkpoint,
+                                           unit)
                 # The captures radixflow's vllm-align row would plan: working state, internal checkpoint,
                 # block-boundary chunk end (the cost model counts them).
                 frag.state_out = [(n, 0)]
                 if ckpt is not None:
                     frag.state_out.append((ckpt - start, 0))
-                if (start + n) % bs == 0:
-                    frag.state_out.append((n, 0))
+                if (start + n) % bs == 0 or (ckpt is None and start + n == tail_boundary(b.prompt_len, bs, unit)):
+                    frag.state_out.append((n, 0))  # a block boundary, or the partial tail (--prefix-match-unit)
             batch.fragments.append(frag)
             b.num_fragments += 1
         deferred = len(getattr(sched, "blocked_last_step", []))
