@@ -67,7 +67,8 @@ def main(argv=None) -> int:
                    help="vLLM's hash block on both sides (0: the block B, vLLM's default; 16: partial hits)")
     args = p.parse_args(argv)
     head = (f"{'model':20} {'trace':22} {'arm':10} {'B':>5} | {'steps':>6} {'vLLM':>6} {'Δ%':>6} | "
-            f"{'rows/st':>7} {'vLLM':>7} {'Δ%':>6} | {'rows/br':>7} {'vLLM':>7} | {'hit tok':>9} {'vLLM':>9} {'Δ%':>6} | {'s':>5}")
+            f"{'rows/st':>7} {'vLLM':>7} {'Δ%':>6} | {'rows/br':>7} {'vLLM':>7} | "
+            f"{'hit tok':>9} {'vLLM':>9} {'Δ%':>6} | {'s':>5}")
     print(head)
     worst = 0.0
     for model in args.models.split(","):

@@ -21,8 +21,8 @@ from radixflow.core.claims import Claims, finishes_now
 from radixflow.core.integrity import check_scheduler, holds_nothing
 from radixflow.core.lookup import Arrival, BlockedGroups, arrival_hashes
 from radixflow.core.misses import at_first_selection
-from radixflow.core.policies import AdmissionView, Arm
 from radixflow.core.partial_hits import capture_partial, continue_partial, release_partial
+from radixflow.core.policies import AdmissionView, Arm
 from radixflow.core.vllm_split import aligned_split, internal_checkpoint
 
 

@@ -27,7 +27,7 @@ from radixflow.core.loop import RunResult
 from radixflow.core.metrics import ArmMeasures, measure, merge
 from radixflow.core.policies import AdmissionView, Arm, StateReady
 from radixflow.core.scheduler import RoundRecord
-from radixflow.core.vllm_split import internal_checkpoint, tail_boundary
+from radixflow.core.vllm_split import internal_checkpoint
 from radixflow.sim.cost_model import CostModel
 from radixflow.sim.runner import run_arm
 from radixflow.spec.vllm_align import state_groups
@@ -183,12 +183,15 @@ def run_vllm_trace(cfg: SchedulerConfig, arm: Arm, cost: CostModel, branches: li
                 ckpt = internal_checkpoint(start, start + n, b.prompt_len, req.num_tokens, bs, cfg.internal_checkpoint,
                                            unit)
                 # The captures radixflow's vllm-align row would plan: working state, internal checkpoint,
-                # block-boundary chunk end (the cost model counts them).
+                # block-boundary chunk end (the cost model counts them); a tail-boundary stop's state is the
+                # working state itself (one write, the block the request runs on).
                 frag.state_out = [(n, 0)]
                 if ckpt is not None:
                     frag.state_out.append((ckpt - start, 0))
-                if (start + n) % bs == 0 or (ckpt is None and start + n == tail_boundary(b.prompt_len, bs, unit)):
-                    frag.state_out.append((n, 0))  # a block boundary, or the partial tail (--prefix-match-unit)
+                if (start + n) % bs == 0:
+                    frag.state_out.append((n, 0))
+                if start % bs and start == b.cached_tokens and b.num_fragments == 0:
+                    frag.copies_before.append((0, 0))  # a partial hit: copy-on-write of the hit's last block
             batch.fragments.append(frag)
             b.num_fragments += 1
         deferred = len(getattr(sched, "blocked_last_step", []))
@@ -235,7 +238,9 @@ def run_vllm_arm(setup, arm: Arm, workloads: list[list[Branch]],
         else cfg.num_kv_pages
     parts, runs = [], []
     for branches in workloads:
-        res = run_vllm_trace(cfg, arm, setup.cost_model(setup.spec, setup.gpu), fresh_copies(branches), hybrid,
+        cost = setup.cost_model(setup.spec, setup.gpu)
+        cost.block_size = cfg.block_size  # what a page copy moves (a partial hit's copy-on-write)
+        res = run_vllm_trace(cfg, arm, cost, fresh_copies(branches), hybrid,
                              num_gpu_blocks=max(2, min(blocks, 1 << 22)), progress=progress,
                              num_state_groups=state_groups(setup.spec))
         if setup.check:
