@@ -78,8 +78,15 @@ class Grid:
     snapshot_mode: str = "vllm-align"  # SchedulerConfig.snapshot_mode (hybrid models); vLLM's own by default
     branch_gap: float = 0.0005  # mean s between a question's branches: the paper sends each on its own (§6)
     scheduler: str = "radixflow"  # radixflow | vllm (vLLM 0.33's Scheduler, integrations/vllm/sim_backend.py)
-    prefix_match_unit: int = 0  # vllm-align: vLLM's --prefix-match-unit (0 = the block B: no partial hits)
+    # vllm-align: vLLM's --prefix-match-unit for every model (0 = the block B: no partial hits); None =
+    # the paper's per model (paper.PREFIX_MATCH_UNITS), and none outside vllm-align
+    prefix_match_unit: int | None = None
     budgets: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(paper.BUDGETS))
+
+    def unit_of(self, model: str) -> int:
+        if self.prefix_match_unit is not None:
+            return self.prefix_match_unit
+        return paper.PREFIX_MATCH_UNITS.get(model, 0) if self.snapshot_mode == "vllm-align" else 0
 
     def rate_of(self, model: str) -> float:
         return self.rate if self.rate is not None else paper.RATES.get(model, 5.0)
@@ -101,8 +108,8 @@ class Grid:
         }
         if cell.kind == "qa":
             fp.update(branch_gap=self.branch_gap, scheduler=self.scheduler)
-            if self.prefix_match_unit:  # absent at 0, so cells run before the field keep their fingerprint
-                fp.update(prefix_match_unit=self.prefix_match_unit)
+            if self.unit_of(cell.model):  # absent at 0, so cells run before the field keep their fingerprint
+                fp.update(prefix_match_unit=self.unit_of(cell.model))
         if cell.kind == "qa":
             fp.update(
                 questions=self.questions,
@@ -128,7 +135,7 @@ def preset(name: str) -> Grid:
 def sim_setup(grid: Grid, model: str, budgets: tuple[int, int], hook=None) -> SimSetup:
     spec = get_spec(model)
     cfg = SchedulerConfig(max_num_seqs=budgets[0], max_num_batched_tokens=budgets[1], snapshot_mode=grid.snapshot_mode,
-                          prefix_match_unit=grid.prefix_match_unit)
+                          prefix_match_unit=grid.unit_of(model))
     cfg.validate()
     return SimSetup(spec, get_gpu(grid.gpu), cfg, round_hook=hook)
 
