@@ -101,7 +101,7 @@ class LRU:
 
 def _order(n: Node) -> tuple:
     """Tie-break between equally recent nodes, the same in every process (unlike `id`)."""
-    return (n.namespace, n.depth, n.key[:8], id(n))
+    return (n.namespace, n.depth, n.key, id(n))  # the whole key: leaves often share their first tokens
 
 
 # ----------------------------------------------------------------------------- round-robin tail
