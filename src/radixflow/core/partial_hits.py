@@ -8,9 +8,10 @@ With a hash block U < B vLLM 0.33 turns on `mamba_partial_cache_hit` (v1/core/sc
   a chunk ends exactly at that boundary, or re-keys the prefill-checkpoint block at the exported
   position when it is the prompt's checkpoint; the attention group keeps the partial block's K/V
   (`FullAttentionManager._cache_partial_tail_block`). Only that boundary, no other depth inside a
-  block, is ever a partial entry. Here: a tail snapshot (a slot and a copy of the partial page,
-  `checkpoints.capture_exact`), found by the exact-depth lookup (`RadixIndex.exact_boundary`), as
-  `MambaManager.find_longest_cache_hit` probes the fine hashes right to left;
+  block, is ever a partial entry. Here: a tail snapshot (`capture_partial`: a slot, and the partial
+  page shared with the branch that wrote it), found by the exact-depth lookup
+  (`RadixIndex.exact_boundary`), as `MambaManager.find_longest_cache_hit` probes the fine hashes right
+  to left; a hit copies that page (vLLM's copy-on-write of the partial block);
 - the producer of a tail-stop state keeps it in the block it runs on (the snapshot takes its working
   slot); when it runs on, vLLM copies the entry out in that step and defers hits on it for the step
   (`continue_partial`: a new working slot, the snapshot pending again);
