@@ -519,7 +519,11 @@ class RadixIndex:
         return len(victims)
 
     def _oldest_leaf(self) -> float:
-        return min((n.last_access for n in self._leaves if self._evictable(n)), default=float("inf"))
+        best = float("inf")
+        for n in self._leaves:  # the evictability test only for a leaf older than the best so far
+            if n.last_access < best and self._evictable(n):
+                best = n.last_access
+        return best
 
     def _oldest_snapshot(self) -> float:
         for n in self._snap_nodes:
