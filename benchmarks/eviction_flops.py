@@ -48,14 +48,14 @@ def sessions_row(name, spec, sessions, cfg, gpu):
             "ttft_p99": percentile([c.ttft for c in run.calls], 0.99), "calls": len(run.calls)}
 
 
-def paper_row(name, spec, gpu, block, questions, utilization):
+def paper_row(name, spec, gpu, block, questions, utilization, wait="grid"):
     qs = paper_questions(0, questions)
     parts = []
     for st in ("cold", "reuse", "mixed"):
         recs = stream_records(qs, st, "forward", 3.0, 0, prefix=f"{st}:")
         parts.append([branch_from_record(r, st, 32000) for r in recs])
     cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8192, block_size=block, state_interval=block,
-                          eviction=name, checkpoints="branch")
+                          eviction=name, checkpoints="branch", checkpoint_wait=wait)
     setup = SimSetup(spec, gpu, cfg, gpu_memory_utilization=utilization)
     m, runs = run_arm(setup, get_arm("radixflow"), parts)
     costs = reuse_costs(spec, block)
@@ -83,6 +83,7 @@ def main() -> None:
     p.add_argument("--paper-utilization", type=float, default=0.16,
                    help="paper workload: GPU memory share (weights + a few GB of cache)")
     p.add_argument("--traces", default="multi-turn,agentic,paper")
+    p.add_argument("--checkpoint-wait", default="grid", help="paper workload: the branch-checkpoint wait rule")
     p.add_argument("--chat-seqs", type=int, default=8, help="multi-turn: S (rows per round)")
     p.add_argument("--think-time", type=float, default=10.0, help="multi-turn: mean seconds between turns")
     p.add_argument("--json", default=None)
@@ -108,7 +109,7 @@ def main() -> None:
                                       num_state_slots=a.agent_slots)
                 rows.append(sessions_row(name, spec, agents, cfg, gpu))
             else:
-                rows.append(paper_row(name, spec, gpu, 528, a.questions, a.paper_utilization))
+                rows.append(paper_row(name, spec, gpu, 528, a.questions, a.paper_utilization, a.checkpoint_wait))
         out[trace] = rows
         print(f"\n{trace} ({spec.name})")
         print(f"{'policy':>12} {'FLOPs saved %':>14} {'hit %':>7} {'p99 TTFT s':>11} {'calls':>6}")

@@ -43,6 +43,12 @@ class SchedulerConfig:
                                         "a cached path) and at the exact end of every prompt and finished "
                                         "branch, inside the same forward (SPEC §14). Full attention: every page "
                                         "is already a checkpoint, so both modes behave alike")
+    checkpoint_wait: str = _opt("grid", "--checkpoints branch: when a branch waits a round (Blocked) for a "
+                                        "checkpoint its producer writes this round. 'grid': only where "
+                                        "boundary mode would wait too (a state boundary lies between the "
+                                        "published state and the checkpoint) or when round t+1 runs anyway; "
+                                        "N: also whenever the wait saves at least N tokens (64: more reuse, "
+                                        "more rounds; docs/checkpoints.md)")
     num_kv_pages: int = _opt(1 << 20, "KV pool size in pages")
     num_state_slots: int = _opt(1 << 16, "state snapshot pool size in slots (hybrid models)")
     cache_memory_bytes: int = _opt(0, "if > 0: pages and slots share this many bytes (a unified pool, as "
@@ -74,6 +80,9 @@ class SchedulerConfig:
                              f"--snapshot-mode vllm-align (0 = the block)")
         if self.checkpoints not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {self.checkpoints!r}; choose from {', '.join(CHECKPOINT_MODES)}")
+        if self.checkpoint_wait != "grid" and not (self.checkpoint_wait.isdigit() and int(self.checkpoint_wait) > 0):
+            raise ValueError(f"--checkpoint-wait must be 'grid' or a positive token count, "
+                             f"got {self.checkpoint_wait!r}")
         if self.num_kv_pages < 1:
             raise ValueError("the KV pool needs at least one page")
 

@@ -26,6 +26,8 @@ def test_figure1_json_schema(tmp_path):
     (["--policy", "nope"], "unknown policy 'nope'"),
     (["--model", "gpt-9"], "unknown model 'gpt-9'"),
     (["--max-num-batched-tokens", "8", "--block-size", "16"], "smaller than one block"),
+    (["--checkpoints", "branch", "--scheduler", "vllm"], "--checkpoints branch is radixflow's scheduler only"),
+    (["--checkpoint-wait", "sometimes"], "--checkpoint-wait must be 'grid' or a positive token count"),
 ])
 def test_bad_input_one_line_error_nonzero_exit(args, msg):
     r = subprocess.run([sys.executable, "-m", "radixflow.cli", "simulate", "--workload", "figure1", *args],
@@ -64,3 +66,19 @@ def test_unknown_checkpoint_mode_is_refused():
     r = subprocess.run([sys.executable, "-m", "radixflow.cli", "simulate", "--workload", "figure1",
                         "--checkpoints", "everywhere"], capture_output=True, text=True)
     assert r.returncode != 0 and "everywhere" in r.stderr
+
+
+def test_checkpoint_wait_trades_rounds_for_reuse(tmp_path):
+    """'grid' waits only where boundary mode waits too (or for free); 64 waits whenever it saves 64
+    tokens: more reuse, more rounds (the siblings of a question shorter than a block wait a round)."""
+    arms = {}
+    for mode, wait in (("boundary", "grid"), ("branch", "grid"), ("branch", "64")):
+        out = tmp_path / f"{mode}-{wait}.json"
+        assert main(["simulate", "--model", "qwen3.5-4b", "--questions", "24", "--rate", "3", "--max-num-seqs", "16",
+                     "--order", "forward", "--policy", "radixflow", "--block-size", "528", "--state-interval", "528",
+                     "--checkpoints", mode, "--checkpoint-wait", wait, "--check", "--json", str(out)]) == 0
+        arms[mode, wait] = json.loads(out.read_text())["arms"][0]
+    boundary, grid, always = arms["boundary", "grid"], arms["branch", "grid"], arms["branch", "64"]
+    assert boundary["reuse_rate"] + 5 < grid["reuse_rate"] < always["reuse_rate"]
+    assert grid["rounds"] < always["rounds"]
+    assert grid["blocked_deferrals"] < always["blocked_deferrals"]

@@ -158,3 +158,56 @@ def test_bounded_memory_and_nothing_held_after_drain(groups, doc, tail, slots, b
     assert len(s.finished) == len(branches)
     assert s.holds_nothing()
     assert s.index.num_snapshots <= slots
+
+
+def _hits(s):
+    by_req = {}
+    for b in s.finished:
+        by_req.setdefault(b.request_id, []).append(b)
+    return {r: sorted(b.cached_tokens for b in g) for r, g in sorted(by_req.items())}
+
+
+def test_a_wait_is_taken_only_where_it_adds_no_round():
+    from radixflow.core.checkpoints import BranchPoints
+
+    bp = BranchPoints(block_size=4, interval=32, min_wait=8)
+    assert not bp.worth_waiting(0, 20, next_round_sure=False)  # shorter than one interval: recompute now
+    assert bp.worth_waiting(0, 20, next_round_sure=True)  # round t+1 runs anyway: free
+    assert bp.worth_waiting(24, 40, next_round_sure=False)  # crosses the state boundary at 32: boundary mode waits too
+    assert not bp.worth_waiting(34, 40, next_round_sure=True)  # saves less than min_wait
+    n = BranchPoints(block_size=4, interval=32, min_wait=8, always_wait=16)  # --checkpoint-wait 16
+    assert n.worth_waiting(0, 20, next_round_sure=False) and not n.worth_waiting(0, 12, next_round_sure=False)
+
+
+def test_siblings_of_a_question_shorter_than_a_block_run_in_the_producers_round():
+    # 22-token document, 3-10-token candidates, 32-token interval: nothing to wait for in boundary mode.
+    def branches():
+        return make_branches(2, doc_len=22, tail=3, same_doc=True, arrival_gap=1.0)
+
+    grid = _run(branches(), small_config(checkpoints="branch", state_interval=32))
+    assert len(grid.rounds) == 2 and grid.blocked_total == 0
+    # The producer's checkpoint is still taken: the next question on the document resumes there.
+    assert _hits(grid) == {"r0": [0, 0, 0, 0], "r1": [22, 22, 22, 22]}
+    boundary = _run(branches(), small_config(checkpoints="boundary", state_interval=32))
+    assert len(boundary.rounds) == 2 and _hits(boundary) == {"r0": [0] * 4, "r1": [0] * 4}
+    wait = _run(branches(), small_config(checkpoints="branch", state_interval=32, checkpoint_wait="1"))
+    assert len(wait.rounds) == 3 and _hits(wait) == {"r0": [0, 22, 22, 22], "r1": [22, 22, 22, 22]}
+    for s in (grid, boundary, wait):
+        assert s.holds_nothing()
+
+
+def test_siblings_wait_for_free_when_the_producer_runs_on():
+    # The producer decodes two more tokens: round t+1 runs anyway, so its siblings resume at the branch point.
+    branches = [Branch(b.request_id, b.index, b.prompt, b.namespace, b.arrival, max_new_tokens=3)
+                for b in make_branches(1, doc_len=20, tail=3)]
+    s = _run(branches, small_config(checkpoints="branch", state_interval=32))
+    assert _hits(s) == {"r0": [0, 20, 20, 20]}
+    assert s.blocked_total == 3 and s.holds_nothing()
+
+
+def test_checkpoint_wait_must_be_grid_or_a_token_count():
+    import pytest
+
+    for bad in ("0", "-4", "often"):
+        with pytest.raises(ValueError, match="--checkpoint-wait"):
+            small_config(checkpoint_wait=bad).validate()

@@ -60,3 +60,6 @@ def test_checkpoints_reach_the_scheduler():
     assert llm.engine.scheduler.branch_points is not None
     with pytest.raises(ValueError, match="checkpoint mode"):
         LLM("tiny-qwen3.5", kv_cache_memory=16 << 20, checkpoints="sometimes")
+    waits = LLM("tiny-qwen3.5", kv_cache_memory=16 << 20, max_num_seqs=4, max_num_batched_tokens=256,
+                state_interval=64, checkpoints="branch", checkpoint_wait="64")
+    assert waits.engine.scheduler.branch_points.always_wait == 64

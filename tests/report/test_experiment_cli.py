@@ -59,3 +59,30 @@ def test_the_paper_preset_takes_partial_hits_on_qwen35_only_and_the_flag_overrid
     assert meta["prefix_match_unit"] == 528 and "prefix_match_unit" not in meta["fingerprint"]
     assert main([*args, "--prefix-match-unit", "100"]) == 2  # does not divide 528
     assert "--prefix-match-unit 100 must divide" in capsys.readouterr().err
+
+
+def test_experiment_cli_passes_checkpoints_to_every_qa_cell(tmp_path, capsys):
+    import json
+
+    args = ["experiment", "--quick", "--out", str(tmp_path), "--models", "qwen3.5-4b", "--arms", "radixflow",
+            "--streams", "reuse", "--orders", "forward", "--questions", "12", "--jobs", "1"]
+    assert main(args) == 0
+    cell = tmp_path / "cells" / "qa__qwen3.5-4b__radixflow__reuse__forward.json"
+    boundary = json.loads(cell.read_text())
+    assert "checkpoints" not in boundary["meta"]["fingerprint"]  # older cells keep matching
+    assert boundary["arms"][0]["exact_checkpoints"] == 0
+    capsys.readouterr()
+    assert main([*args, "--checkpoints", "branch"]) == 0  # another fingerprint: the cell runs again
+    assert "0 failed" in capsys.readouterr().out
+    branch = json.loads(cell.read_text())
+    assert branch["meta"]["checkpoints"] == branch["meta"]["fingerprint"]["checkpoints"] == "branch"
+    assert branch["meta"]["snapshot_mode"] == "vllm-align"  # composes with vLLM's grid (docs/checkpoints.md)
+    assert branch["arms"][0]["exact_checkpoints"] > 0
+    # Questions on one article resume at its exact end, not at the 528-token block below it.
+    assert branch["arms"][0]["reuse_rate"] > boundary["arms"][0]["reuse_rate"] + 3
+
+
+def test_experiment_cli_refuses_branch_checkpoints_on_vllms_scheduler(tmp_path, capsys):
+    args = _quick_args(tmp_path, "qwen3.5-4b", "radixflow")
+    assert main([*args, "--checkpoints", "branch", "--scheduler", "vllm"]) == 2
+    assert "--checkpoints branch" in capsys.readouterr().err

@@ -58,6 +58,7 @@ def add_scheduler_flags(p: argparse.ArgumentParser) -> None:
                    help=help_of(SchedulerConfig, "snapshot_mode"))
     p.add_argument("--checkpoints", default="boundary", choices=CHECKPOINT_MODES,
                    help=help_of(SchedulerConfig, "checkpoints"))
+    p.add_argument("--checkpoint-wait", default="grid", help=help_of(SchedulerConfig, "checkpoint_wait"))
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="disable prefix caching (--enable-prefix-caching is the default)")
     p.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true")
@@ -79,7 +80,8 @@ def scheduler_config(args, model_name: str, default_budget: tuple[int, int] = (1
                           block_size=args.block_size, state_interval=args.state_interval,
                           enable_prefix_caching=args.enable_prefix_caching,
                           snapshot_mode=getattr(args, "snapshot_mode", "every-boundary"),
-                          checkpoints=getattr(args, "checkpoints", "boundary"))
+                          checkpoints=getattr(args, "checkpoints", "boundary"),
+                          checkpoint_wait=getattr(args, "checkpoint_wait", "grid"))
     cfg.validate()
     return cfg
 

@@ -12,7 +12,7 @@ import os
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from radixflow.commands.common import positive_int
-from radixflow.config import SNAPSHOT_MODES, SchedulerConfig, help_of
+from radixflow.config import CHECKPOINT_MODES, SNAPSHOT_MODES, SchedulerConfig, help_of
 from radixflow.core.policies import ARMS
 from radixflow.integrations.vllm.sim_backend import SCHEDULERS, arm_runner
 from radixflow.report.experiment import PRESETS, preset, run_experiment, sim_setup
@@ -60,6 +60,10 @@ def add_arguments(p) -> None:
         choices=SNAPSHOT_MODES,
         help=help_of(SchedulerConfig, "snapshot_mode") + " (default: the preset's, vllm-align)",
     )
+    p.add_argument("--checkpoints", default=None, choices=CHECKPOINT_MODES,
+                   help=help_of(SchedulerConfig, "checkpoints") + " (default: the preset's, boundary); every QA and "
+                        "multi-turn cell (the figure-1 toy instance keeps its own boundaries)")
+    p.add_argument("--checkpoint-wait", default=None, help=help_of(SchedulerConfig, "checkpoint_wait"))
     p.add_argument("--branch-gap", type=float, default=None,
                    help="mean seconds between a question's branches (default: the preset's, 0.0005)")
     p.add_argument("--prefix-match-unit", type=int, default=None,
@@ -102,7 +106,15 @@ def grid_from_args(args):
         grid.prefix_match_unit = args.prefix_match_unit
         for model in grid.models:  # one clear line now if the unit does not fit a model's block
             sim_setup(grid, model, grid.budgets.get(model, (16, 8192))).scheduler_config()
+    if args.checkpoints:
+        grid.checkpoints = args.checkpoints
+    if args.checkpoint_wait:
+        SchedulerConfig(checkpoint_wait=args.checkpoint_wait).validate()  # one clear line, not one per cell
+        grid.checkpoint_wait = args.checkpoint_wait
     grid.scheduler = args.scheduler
+    if args.scheduler == "vllm" and grid.checkpoints != "boundary":
+        raise ValueError(f"--checkpoints {grid.checkpoints} is radixflow's scheduler only: vLLM's own Scheduler "
+                         "(--scheduler vllm) caches state at its block boundaries")
     if args.scheduler == "vllm":
         arm_runner("vllm")  # one clear line now if vLLM is missing, not one per cell
         if args.arms and "radixflow+frag" in grid.arms:

@@ -78,7 +78,8 @@ def engine_config(args) -> EngineConfig:
                             max_num_batched_tokens=args.max_num_batched_tokens or base.max_num_batched_tokens,
                             block_size=args.block_size, state_interval=args.state_interval,
                             enable_prefix_caching=args.enable_prefix_caching, snapshot_mode=args.snapshot_mode,
-                            checkpoints=getattr(args, "checkpoints", "boundary"))
+                            checkpoints=getattr(args, "checkpoints", "boundary"),
+                            checkpoint_wait=getattr(args, "checkpoint_wait", "grid"))
     sched.validate()
     return EngineConfig(model=args.model, policy=args.policy, device=args.device, dtype=args.dtype,
                         scheduler=sched, kv_cache_memory=args.kv_cache_memory,

@@ -19,7 +19,8 @@ def add_session_flags(p) -> None:
     g = p.add_argument_group("agentic and multi-turn workloads (--workload agentic | multi-turn)")
     g.add_argument("--eviction", default=None,
                    help="comma list of eviction policies to compare: lru | rr-tail | level-tail (:N = N pages per "
-                        "chunk); default lru,rr-tail for these workloads, lru otherwise")
+                        "chunk) | flop-aware (:W = recency weight in [0, 1], default 0.5); default "
+                        "lru,rr-tail for these workloads, lru otherwise")
     g.add_argument("--cache-capacity", default=None,
                    help="KV cache size: N tokens, or Nx = N full prefixes (mean private history of a call, "
                         "prompt + answer, plus the shared system prompt once); default: sized from GPU memory")

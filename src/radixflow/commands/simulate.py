@@ -53,6 +53,9 @@ def run(args) -> int:
     arms = parse_arms(args.policy)
     cfg = scheduler_config(args, spec.name)
     cfg.prefix_match_unit = args.prefix_match_unit
+    if args.scheduler == "vllm" and cfg.checkpoints != "boundary":
+        raise ValueError(f"--checkpoints {cfg.checkpoints} is radixflow's scheduler only: vLLM's own Scheduler "
+                         "(--scheduler vllm) caches state at its block boundaries")
     if args.eviction:
         cfg.eviction = args.eviction
         get_eviction(cfg.eviction)  # one policy for these workloads; checks the name

@@ -44,15 +44,32 @@ MAX_PER_ROW = 8  # a row is one forward; a handful of captures is cheap, hundred
 
 
 class BranchPoints:
-    def __init__(self, block_size: int, min_wait: int = 64) -> None:
+    def __init__(self, block_size: int, interval: int, min_wait: int = 64, always_wait: int | None = None) -> None:
         self.block_size = block_size
-        self.min_wait = min_wait
+        self.interval = interval
+        self.min_wait = min_wait if always_wait is None else min(min_wait, always_wait)
+        self.always_wait = always_wait  # `--checkpoint-wait N`; None: 'grid'
 
-    def worth_waiting(self, gain: int) -> bool:
-        """A branch whose deepest checkpoint is being written this round waits for it (Blocked) only
-        when it saves at least `min_wait` tokens over the published one below; a shorter gap is
-        recomputed in this round, which costs less than the extra round a deferral can add."""
-        return gain >= self.min_wait
+    def worth_waiting(self, ready: int, pending: int, next_round_sure: bool) -> bool:
+        """Whether a branch whose deepest checkpoint (at `pending`) is being written this round waits
+        for it (Blocked) rather than recomputing the tokens above the published state (at `ready`) now.
+
+        Hybrid state written in round t is usable only in t+1 (SPEC §2), so a wait costs a round
+        exactly when t+1 would not run without it. A branch waits when it saves at least `min_wait`
+        tokens and
+        - round t+1 runs anyway (`next_round_sure`: a row of round t continues, something is already
+          deferred to t+1, or arrivals are held): the wait is free; or
+        - a state boundary lies in (ready, pending]: boundary mode would be Blocked on the producer's
+          snapshot there too, so the checkpoint adds no round to what boundary mode takes; or
+        - (`--checkpoint-wait N`) the wait saves at least N tokens, a round or not.
+        Anything else is recomputed now: the siblings of a question shorter than one block run in the
+        producer's round, as they do in boundary mode (docs/checkpoints.md has the measured trade-off)."""
+        gain = pending - ready
+        if gain < self.min_wait:
+            return False
+        if next_round_sure or pending // self.interval * self.interval > ready:
+            return True
+        return self.always_wait is not None and gain >= self.always_wait
 
     def depths(self, b: Branch, start: int, end: int, others: Iterable[Branch], cached: int) -> list[int]:
         """Depths in (start, end] to capture at for `b`'s row, deepest last; `cached` is b's exact ĥ."""

@@ -33,7 +33,7 @@ class PartialPools(SchedulerPools, Protocol):
 
 
 def capture_partial(s: PartialPools, b: Branch, start: int, end: int, ckpt: int | None, now: float,
-                    out: list[tuple[int, int]], copies: list[tuple[int, int]]) -> bool:
+                    out: list[tuple[int, int]], copies: list[tuple[int, int]]) -> int | None:
     """The row [start, end) of `b` caches the prompt's partial tail state when it ends there (a
     tail-boundary stop) or exports it from inside (`ckpt`); a boundary on a block is an ordinary
     snapshot, made by the caller.
@@ -43,25 +43,25 @@ def capture_partial(s: PartialPools, b: Branch, start: int, end: int, ckpt: int 
     snapshot until it leaves (a branch long enough to fill that page gives the snapshot a copy, in
     `copies`). An exported checkpoint goes to a block of its own (vLLM reserves one): a
     new slot. A tail-boundary stop leaves the state in the block the branch runs on, so the branch's
-    working slot becomes the snapshot's until it runs on (`continue_partial`); True then: `out` holds
-    the row's final capture and the branch has no working slot."""
+    working slot becomes the snapshot's until it runs on (`continue_partial`): that slot is returned
+    (the row's end state goes there; the caller appends it last) and the branch has no working slot."""
     tail = tail_boundary(b.prompt_len, s.block_size, s.unit)
     depth = ckpt if ckpt is not None else end
     tr = b.sched
     if depth != tail or depth <= start or depth % s.block_size == 0 or tr.working is None or tr.partial_tail:
-        return False
+        return None
     node = anchor(s, b, depth)
     if node is None:
-        return False
+        return None
     key = tuple(b.tokens[node.depth : depth])
     own = tr.page_table[depth // s.block_size]
     if s.index.find_tail(node, key) is not None or own not in tr.private:
-        return False
+        return None
     # A branch that will fill the page registers it in the tree: the snapshot gets a copy instead.
     share = (b.prompt_len + b.max_new_tokens - 1) // s.block_size == depth // s.block_size
     stop = ckpt is None
     if not s._ensure(int(not share), int(not stop)):
-        return False
+        return None
     slot = tr.working if stop else s.slots.allocate_one()
     page = own if share else s.pages.allocate_one()
     snap = s.index.attach_tail(node, key, slot, page, b.uid, now)
@@ -72,10 +72,11 @@ def capture_partial(s: PartialPools, b: Branch, start: int, end: int, ckpt: int 
     snap.level = tr.level
     snap.lock += 1
     tr.partial_tail = snap
-    out.append((depth - start, slot))
-    if stop:
-        tr.working = None
-    return stop
+    if not stop:
+        out.append((depth - start, slot))
+        return None
+    tr.working = None
+    return slot
 
 
 def continue_partial(s: PartialPools, b: Branch, start: int) -> int:

@@ -89,11 +89,9 @@ class Scheduler:
         self.partial_hits = self.vllm_align and self.unit < config.block_size
         if self.vllm_align and config.block_size % self.unit:
             raise ValueError(f"--prefix-match-unit {self.unit} must divide the {config.block_size}-token block")
-        if self.vllm_align and config.checkpoints == "branch":
-            raise ValueError("--checkpoints branch is not part of vLLM's align mode; use it with "
-                             "--snapshot-mode every-boundary")
         self.chunk_end = hybrid and config.snapshot_mode in ("chunk-end", "vllm-align")
-        self.branch_points = (BranchPoints(config.block_size, min(64, config.state_interval // 2))
+        self.branch_points = (BranchPoints(config.block_size, self.interval, min(64, config.state_interval // 2),
+                                           None if config.checkpoint_wait == "grid" else int(config.checkpoint_wait))
                               if hybrid and config.checkpoints == "branch" else None)
         self.exact_checkpoints = 0  # branch-point and exact-end snapshots made (SPEC §14)
         budget = ByteBudget(config.cache_memory_bytes) if config.cache_memory_bytes > 0 else None
@@ -117,6 +115,7 @@ class Scheduler:
         self._front_seq = 0
         self._last_arrival: Arrival | None = None  # for hash reuse between siblings
         self._deadline: float | None = None
+        self._next_sure = False  # this scan: round t+1 runs whatever the rest of the scan does
 
     # ================================================================== public API
     def add(self, branch: Branch) -> None:
@@ -268,6 +267,7 @@ class Scheduler:
         find, in_tree, blocked = groups.find, self.index.page_hashes, groups.by_key
         bs, interval = self.block_size, self.interval
         deferred = 0
+        self._next_sure = self._next_round_sure(batch, rows)
         for pos, b in enumerate(waiting):
             if deferred and rows and tokens:
                 # A member of a group already Blocked this round: same path, same ĥ, same boundary.
@@ -286,6 +286,7 @@ class Scheduler:
                         batch.stop_reason = "tokens"
                         break
                     deferred += 1
+                    self._next_sure = True
                     b.blocked_rounds += b.first_selected_at is None
                     if claims.open:
                         claims.defer(b, d)
@@ -300,9 +301,12 @@ class Scheduler:
                 tokens -= plan.num_tokens
                 if claims is not None:
                     claims.carry(b, plan.start + plan.num_tokens)
+                if not finishes_now(b, plan.start + plan.num_tokens):
+                    self._next_sure = True
                 continue
             if outcome is Outcome.BLOCKED:
                 deferred += 1
+                self._next_sure = True
                 b.blocked_rounds += b.first_selected_at is None
                 if not state_ready:
                     batch.stop_reason = "blocked"
@@ -333,6 +337,15 @@ class Scheduler:
                 claims.carry(b, plan.start + plan.num_tokens)
         for pos in sorted(taken, reverse=True):
             del waiting[pos]
+
+    def _next_round_sure(self, batch: Batch, rows: int) -> bool:
+        """Round t+1 runs whatever the waiting scan decides: arrivals are held, a running branch
+        continues past round t (left out of it, or not finished by its fragment), or more branches
+        wait than there are rows left."""
+        if self.held or len(self.waiting) > rows:
+            return True
+        ends = {f.branch.uid: f.end for f in batch.fragments}
+        return any(b.uid not in ends or not finishes_now(b, ends[b.uid]) for b in self.running)
 
     def _new_claims(self, batch: Batch) -> Claims:
         """The reservation for D_t, opened at the first deferral with every row placed so far."""
@@ -373,7 +386,7 @@ class Scheduler:
         if self.hybrid:
             bd = self._boundary(b, m)
             if bd.blocking is not None and self.branch_points is not None:
-                if not self.branch_points.worth_waiting(bd.blocking.depth - bd.ready):
+                if not self.branch_points.worth_waiting(bd.ready, bd.blocking.depth, self._next_sure):
                     bd = Boundary(bd.ready, bd.ready_snapshot, None)  # cheaper to recompute the gap now
             if bd.blocking is not None:
                 depth = bd.blocking.depth
@@ -500,27 +513,25 @@ class Scheduler:
         tr: _Track = b.sched
         out: list[tuple[int, int]] = []
         caching = self.config.enable_prefix_caching and not tr.no_cache
+        end_slot = None  # where the row's end state goes, when not the working slot
         if caching and self.chunk_end:
             if self.vllm_align:  # a state exported from inside the final chunk (no cut there)
                 ckpt = internal_checkpoint(start, end, b.prompt_len, b.num_tokens, self.interval,
                                            self.config.internal_checkpoint, self.unit)
                 if ckpt is not None and ckpt % self.block_size == 0:
                     self._capture_at(b, ckpt, start, now, out)
-                elif self.partial_hits and capture_partial(self, b, start, end, ckpt, now, out, copies):
-                    return out  # the working state is now the partial-tail snapshot
+                elif self.partial_hits:  # the working slot may become the partial-tail snapshot
+                    end_slot = capture_partial(self, b, start, end, ckpt, now, out, copies)
             if end % self.interval == 0:
                 self._capture_at(b, end, start, now, out)
+            if self.branch_points is not None:  # our extension on vLLM's grid (docs/checkpoints.md)
+                self._branch_captures(b, start, end, now, out, copies)
         elif caching:
             first_b = (start // self.interval + 1) * self.interval
             for depth in range(first_b, end + 1, self.interval):
                 self._capture_at(b, depth, start, now, out)
             if self.branch_points is not None:  # exact depths; the branch's end is snapshotted at finish
-                others = (*self.held, *self.waiting, *self.running)
-                for depth in self.branch_points.depths(b, start, end, others, b.identity_hit or 0):
-                    if depth % self.block_size == 0:
-                        self._capture_at(b, depth, start, now, out)
-                    else:
-                        capture_exact(self, b, depth, start, now, out, copies)
+                self._branch_captures(b, start, end, now, out, copies)
                 out.append((end - start, tr.working))
                 return out
             # End-of-branch snapshot: once past the prompt's last chunk, the state at the last page
@@ -533,8 +544,18 @@ class Scheduler:
                 if tr.rolling is not None:
                     out.append((page_end - start, tr.rolling))
                     tr.rolling_depth = page_end
-        out.append((end - start, tr.working))
+        out.append((end - start, tr.working if end_slot is None else end_slot))
         return out
+
+    def _branch_captures(self, b: Branch, start: int, end: int, now: float, out: list[tuple[int, int]],
+                         copies: list[tuple[int, int]]) -> None:
+        """Branch-point checkpoints of a row (core/checkpoints.py): exact depths in (start, end]."""
+        others = (*self.held, *self.waiting, *self.running)
+        for depth in self.branch_points.depths(b, start, end, others, b.identity_hit or 0):
+            if depth % self.block_size == 0:
+                self._capture_at(b, depth, start, now, out)
+            else:
+                capture_exact(self, b, depth, start, now, out, copies)
 
     def _capture_at(self, b: Branch, depth: int, start: int, now: float, out: list[tuple[int, int]]) -> None:
         """A pending snapshot at `depth` written by this row, unless one exists or no slot can be had."""

@@ -40,7 +40,7 @@ class ScoreOutput:
 
 
 _SCHED_FLAGS = {"max_num_seqs", "max_num_batched_tokens", "block_size", "state_interval", "enable_prefix_caching",
-                "checkpoints"}
+                "checkpoints", "checkpoint_wait"}
 
 
 class LLM:

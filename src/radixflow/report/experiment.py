@@ -76,6 +76,8 @@ class Grid:
     rate: float | None = None  # None = the paper's rate per model
     calibrate: bool = False
     snapshot_mode: str = "vllm-align"  # SchedulerConfig.snapshot_mode (hybrid models); vLLM's own by default
+    checkpoints: str = "boundary"  # SchedulerConfig.checkpoints (hybrid models): boundary | branch (SPEC §14)
+    checkpoint_wait: str = "grid"  # SchedulerConfig.checkpoint_wait (branch checkpoints)
     branch_gap: float = 0.0005  # mean s between a question's branches: the paper sends each on its own (§6)
     scheduler: str = "radixflow"  # radixflow | vllm (vLLM 0.33's Scheduler, integrations/vllm/sim_backend.py)
     # vllm-align: vLLM's --prefix-match-unit for every model (0 = the block B: no partial hits); None =
@@ -106,6 +108,8 @@ class Grid:
             "code": code_version(),
             "snapshot_mode": self.snapshot_mode,
         }
+        if self.checkpoints != "boundary":  # absent from older cells: they stay valid
+            fp.update(checkpoints=self.checkpoints, checkpoint_wait=self.checkpoint_wait)
         if cell.kind == "qa":
             fp.update(branch_gap=self.branch_gap, scheduler=self.scheduler)
             if self.unit_of(cell.model):  # absent at 0, so cells run before the field keep their fingerprint
@@ -135,7 +139,8 @@ def preset(name: str) -> Grid:
 def sim_setup(grid: Grid, model: str, budgets: tuple[int, int], hook=None) -> SimSetup:
     spec = get_spec(model)
     cfg = SchedulerConfig(max_num_seqs=budgets[0], max_num_batched_tokens=budgets[1], snapshot_mode=grid.snapshot_mode,
-                          prefix_match_unit=grid.unit_of(model))
+                          prefix_match_unit=grid.unit_of(model), checkpoints=grid.checkpoints,
+                          checkpoint_wait=grid.checkpoint_wait)
     cfg.validate()
     return SimSetup(spec, get_gpu(grid.gpu), cfg, round_hook=hook)
 
@@ -172,6 +177,8 @@ def _qa_cell(grid: Grid, cell: Cell) -> dict:
             "max_num_seqs": budgets[0],
             "max_num_batched_tokens": budgets[1],
             "snapshot_mode": grid.snapshot_mode,
+            "checkpoints": grid.checkpoints,
+            "checkpoint_wait": grid.checkpoint_wait,
             "block_size": setup.scheduler_config().block_size,
             "branch_gap": grid.branch_gap,
             "scheduler": grid.scheduler,
@@ -199,7 +206,8 @@ def _figure1_cell(grid: Grid, cell: Cell) -> dict:
 
     budgets = (FIGURE1_BUDGETS["max_num_seqs"], FIGURE1_BUDGETS["max_num_batched_tokens"])
     # The toy instance fixes its own boundaries (SPEC §11), whatever mode the grid runs in.
-    setup = sim_setup(replace(grid, snapshot_mode="every-boundary", prefix_match_unit=0), cell.model, budgets, hook)
+    setup = sim_setup(replace(grid, snapshot_mode="every-boundary", checkpoints="boundary", prefix_match_unit=0),
+                      cell.model, budgets, hook)
     vocab = setup.spec.vocab_size
     m, _ = run_arm(setup, get_arm(cell.arm), [[branch_from_record(r, "figure1", vocab) for r in figure1_records()]])
     arm = get_arm(cell.arm)
@@ -217,7 +225,7 @@ def _figure1_cell(grid: Grid, cell: Cell) -> dict:
     }
 
 
-def _multiturn_cell(cell: Cell) -> dict:
+def _multiturn_cell(grid: Grid, cell: Cell) -> dict:
     """Delegates to `radixflow trace multi-turn` (another module owns the multi-turn simulation),
     through the command's own add_arguments/run, without loading the other commands."""
     trace = importlib.import_module(TRACE_MODULE)
@@ -225,7 +233,8 @@ def _multiturn_cell(cell: Cell) -> dict:
     trace.add_arguments(parser)
     with tempfile.TemporaryDirectory() as d:  # outside cells/, so a crash leaves no stray cell
         tmp = Path(d) / "trace.json"
-        args = parser.parse_args(["multi-turn", "--model", cell.model, "--json", str(tmp)])
+        args = parser.parse_args(["multi-turn", "--model", cell.model, "--checkpoints", grid.checkpoints,
+                                  "--json", str(tmp)])
         with contextlib.redirect_stdout(io.StringIO()):  # its table would scramble the progress bar
             rc = trace.run(args)
         if rc or not tmp.exists():
@@ -246,7 +255,7 @@ def run_cell(task: tuple[Grid, Cell, str]) -> tuple[str, float, str | None]:
         elif cell.kind == "figure1":
             data = _figure1_cell(grid, cell)
         else:
-            data = _multiturn_cell(cell)
+            data = _multiturn_cell(grid, cell)
         wall = time.perf_counter() - t0
         data["meta"].update(
             command="experiment",
