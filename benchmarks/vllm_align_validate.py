@@ -6,6 +6,7 @@ native for `radix`, the state-ready plugin for `radixflow`). Printed: steps, row
 prefix-hit tokens on both sides and their relative differences (figures, never asserted here).
 
     python benchmarks/vllm_align_validate.py [--questions 48] [--models qwen3.5-0.8b,...] [--gap 0.0005]
+        [--prefix-match-unit 16]
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ def trace(shape: str, questions: int, stream: str, rate: float, gap: float, seed
 
 
 def compare(model: str, shape: str, questions: int, stream: str, rate: float, gap: float, arm_name: str,
-            seed: int = 0) -> dict:
+            seed: int = 0, unit: int = 0) -> dict:
     spec = get_spec(model)
     s, t = PAPER_BUDGETS.get(model, (16, 8192))
     setup = SimSetup(spec, get_gpu("a800"), SchedulerConfig(max_num_seqs=s, max_num_batched_tokens=t,
-                                                              snapshot_mode="vllm-align"))
+                                                              snapshot_mode="vllm-align",
+                                                              prefix_match_unit=unit))
     branches = trace(shape, questions, stream, rate, gap, seed)
     arm = get_arm(arm_name)
     ours, _ = run_arm(setup, arm, [branches])
@@ -61,9 +63,12 @@ def main(argv=None) -> int:
     p.add_argument("--streams", default="cold,reuse")
     p.add_argument("--arms", default="radix,radixflow")
     p.add_argument("--gap", type=float, default=0.0005, help="mean seconds between a question's branches")
+    p.add_argument("--prefix-match-unit", type=int, default=0,
+                   help="vLLM's hash block on both sides (0: the block B, vLLM's default; 16: partial hits)")
     args = p.parse_args(argv)
     head = (f"{'model':20} {'trace':22} {'arm':10} {'B':>5} | {'steps':>6} {'vLLM':>6} {'Δ%':>6} | "
-            f"{'rows/st':>7} {'vLLM':>7} {'Δ%':>6} | {'hit tok':>9} {'vLLM':>9} {'Δ%':>6} | {'s':>5}")
+            f"{'rows/st':>7} {'vLLM':>7} {'Δ%':>6} | {'rows/br':>7} {'vLLM':>7} | "
+            f"{'hit tok':>9} {'vLLM':>9} {'Δ%':>6} | {'s':>5}")
     print(head)
     worst = 0.0
     for model in args.models.split(","):
@@ -72,7 +77,8 @@ def main(argv=None) -> int:
                 for rate in (0.0, PAPER_RATES.get(model, 5.0)):
                     for arm in args.arms.split(","):
                         t0 = time.perf_counter()
-                        r = compare(model, shape, args.questions, stream, rate, args.gap, arm)
+                        r = compare(model, shape, args.questions, stream, rate, args.gap, arm,
+                                    unit=args.prefix_match_unit)
                         o, v = r["ours"], r["vllm"]
                         d = (rel(o.rounds, v.rounds), rel(o.rows_per_round, v.rows_per_round),
                              rel(o.cached_tokens, v.cached_tokens))
@@ -80,6 +86,7 @@ def main(argv=None) -> int:
                         name = f"{shape}/{stream}/{'burst' if rate == 0 else f'poisson {rate:g}'}"
                         print(f"{model:20} {name:22} {arm:10} {r['block']:>5} | {o.rounds:>6} {v.rounds:>6} "
                               f"{d[0]:>6.1f} | {o.rows_per_round:>7.2f} {v.rows_per_round:>7.2f} {d[1]:>6.1f} | "
+                              f"{o.rows_per_branch:>7.2f} {v.rows_per_branch:>7.2f} | "
                               f"{o.cached_tokens:>9} {v.cached_tokens:>9} {d[2]:>6.1f} | "
                               f"{time.perf_counter() - t0:>5.1f}", flush=True)
     print(f"largest |Δ|: {worst:.2f} %")

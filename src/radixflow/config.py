@@ -35,8 +35,8 @@ class SchedulerConfig:
                                             "boundary state from inside the final chunk (vLLM's "
                                             "mamba_has_prefill_checkpoint_blocks), so that chunk is not cut")
     prefix_match_unit: int = _opt(0, "vllm-align: vLLM's --prefix-match-unit (hash block) in tokens; 0 = the block "
-                                     "(vLLM's default: no partial hits). A finer unit is modelled only by "
-                                     "--scheduler vllm")
+                                     "(vLLM's default: no partial hits). A finer unit that divides the block turns "
+                                     "on partial hits and the tail-boundary stop (core/partial_hits.py)")
     checkpoints: str = _opt("boundary", "hybrid models: 'boundary' snapshots state only at interval/block "
                                         "boundaries and a finished branch's last page; 'branch' also at the "
                                         "exact depth where a known branch diverges (a sibling, a waiting branch, "
@@ -75,6 +75,9 @@ class SchedulerConfig:
                              f"state interval ({self.state_interval}); chunked prefill could never advance")
         if self.snapshot_mode not in SNAPSHOT_MODES:
             raise ValueError(f"unknown snapshot mode {self.snapshot_mode!r}; choose from {', '.join(SNAPSHOT_MODES)}")
+        if self.prefix_match_unit < 0 or (self.prefix_match_unit and self.snapshot_mode != "vllm-align"):
+            raise ValueError(f"--prefix-match-unit {self.prefix_match_unit}: vLLM's hash block, used only with "
+                             f"--snapshot-mode vllm-align (0 = the block)")
         if self.checkpoints not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {self.checkpoints!r}; choose from {', '.join(CHECKPOINT_MODES)}")
         if self.checkpoint_wait != "grid" and not (self.checkpoint_wait.isdigit() and int(self.checkpoint_wait) > 0):

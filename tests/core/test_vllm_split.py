@@ -46,10 +46,10 @@ class _Unit:
         return ExecResult(0.01, {i: Sample(7) for i, f in enumerate(batch.fragments) if f.samples})
 
 
-def _run(branches, internal: bool, arm="radix"):
+def _run(branches, internal: bool, arm="radix", unit: int = 0):
     cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024, block_size=B, state_interval=B,
                           snapshot_mode="vllm-align", internal_checkpoint=internal, num_kv_pages=512,
-                          num_state_slots=256)
+                          num_state_slots=256, prefix_match_unit=unit)
     sched = Scheduler(cfg, get_arm(arm), hybrid=True)
     frags = []
 
@@ -81,9 +81,11 @@ def test_siblings_stop_at_the_junction_and_resume_there():
     assert len(frags) == 8
 
 
-def test_a_finer_prefix_match_unit_is_refused_by_radixflows_scheduler():
+def test_a_prefix_match_unit_that_does_not_divide_the_block_is_refused():
     import pytest
 
-    cfg = SchedulerConfig(block_size=B, state_interval=B, snapshot_mode="vllm-align", prefix_match_unit=16)
-    with pytest.raises(ValueError, match="--prefix-match-unit 16 .* --scheduler vllm only"):
+    cfg = SchedulerConfig(block_size=B, state_interval=B, snapshot_mode="vllm-align", prefix_match_unit=24)
+    with pytest.raises(ValueError, match="--prefix-match-unit 24 must divide the 64-token block"):
         Scheduler(cfg, get_arm("radix"), hybrid=True)
+    with pytest.raises(ValueError, match="--prefix-match-unit 16: .* only with --snapshot-mode vllm-align"):
+        SchedulerConfig(prefix_match_unit=16).validate()

@@ -49,6 +49,32 @@ def test_vllm_align_matches_vllms_scheduler_exactly(model, shape, stream, rate, 
     assert all(b.finished_at is not None for b in runs[0].branches)
 
 
+@pytest.mark.parametrize(("model", "shape", "stream", "rate", "arm"), [
+    ("qwen3.5-0.8b", RACE_M, "cold", 0.0, "radix"),
+    ("qwen3.5-0.8b", QUALITY, "reuse", 5.0, "radix"),
+    ("nemotron-nano-9b-v2", QUALITY, "cold", 1.5, "radix"),
+    ("qwen3.5-0.8b", QUALITY, "reuse", 0.0, "radixflow"),
+])
+def test_partial_hits_match_vllms_scheduler_with_the_same_prefix_match_unit(model, shape, stream, rate, arm):
+    # --prefix-match-unit 16 on both sides: the tail-boundary stop gives about two rows per branch, hits
+    # land on 16-token boundaries inside a block, and the producer's copy-on-write defers its siblings.
+    load_harness()
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8192, snapshot_mode="vllm-align",
+                          prefix_match_unit=16)
+    setup = SimSetup(get_spec(model), get_gpu("a800"), cfg, check=True)
+    branches = _trace(shape, 12, stream, rate)
+    ours, _ = run_arm(setup, get_arm(arm), [branches])
+    theirs, _ = vllm_backend.run_vllm_arm(setup, get_arm(arm), [branches])
+    assert ours.fragments > 1.5 * len(branches)  # the tail cut: more than one row for most branches
+    assert ours.cached_tokens % 16 == 0 and ours.cached_tokens > 0
+    assert (ours.rounds, ours.tokens, ours.cached_tokens) == (theirs.rounds, theirs.tokens, theirs.cached_tokens)
+    if arm == "radix":  # row for row (native vLLM reports no deferrals to compare)
+        assert ours.fragments == theirs.fragments
+        assert ours.host_time == pytest.approx(theirs.host_time)
+    else:
+        assert ours.fragments == pytest.approx(theirs.fragments, rel=0.03)
+
+
 def test_vllm_backend_refuses_the_fragment_arm():
     load_harness()
     setup = SimSetup(get_spec("qwen3.5-0.8b"), get_gpu("a800"), SchedulerConfig(snapshot_mode="vllm-align"))

@@ -74,7 +74,8 @@ class LRU:
 
     def evict_pages(self, index: IndexInternals, need: int) -> int:
         freed = 0
-        heap = [(n.last_access, _order(n), n) for n in index._leaves if index._evictable(n)]
+        # Evictability is tested as leaves come off the heap (eviction does not change it for others).
+        heap = [(n.last_access, _order(n), n) for n in index._leaves]
         heapq.heapify(heap)
         while freed < need and heap:
             _, _, node = heapq.heappop(heap)
@@ -101,7 +102,7 @@ class LRU:
 
 def _order(n: Node) -> tuple:
     """Tie-break between equally recent nodes, the same in every process (unlike `id`)."""
-    return (n.namespace, n.depth, n.key[:8], id(n))
+    return (n.namespace, n.depth, n.key, id(n))  # the whole key: leaves often share their first tokens
 
 
 # ----------------------------------------------------------------------------- round-robin tail

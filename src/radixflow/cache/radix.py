@@ -344,6 +344,13 @@ class RadixIndex:
         self.evicted_snapshots += len(victims)
         return len(victims)
 
+    def hold(self, snap: Snapshot, producer: int) -> None:
+        """A published snapshot goes back to pending for this round: `producer` rewrites it (vLLM's
+        copy-on-write of a partial tail its producer runs past, core/partial_hits.py)."""
+        assert snap.published, "only a published snapshot can be held"
+        snap.published, snap.producer = False, producer
+        self._pending_snaps.append(snap)
+
     def publish(self) -> None:
         """End of round: what this round produced joins the published set C_{t+1}."""
         for node in self._pending_nodes:
@@ -521,7 +528,11 @@ class RadixIndex:
         return len(victims)
 
     def _oldest_leaf(self) -> float:
-        return min((n.last_access for n in self._leaves if self._evictable(n)), default=float("inf"))
+        best = float("inf")
+        for n in self._leaves:  # the evictability test only for a leaf older than the best so far
+            if n.last_access < best and self._evictable(n):
+                best = n.last_access
+        return best
 
     def _oldest_snapshot(self) -> float:
         for n in self._snap_nodes:
@@ -560,8 +571,12 @@ class RadixIndex:
         return top
 
     def _evictable(self, node: Node) -> bool:
-        return (node.lock_ref == 0 and not node.pending and (node.snapshot is None or node.snapshot.lock == 0)
-                and all(t.lock == 0 and t.published for t in node.tails))
+        if node.lock_ref or node.pending or (node.snapshot is not None and node.snapshot.lock):
+            return False
+        for t in node.tails:  # a loop, not all(): this runs for every leaf at every eviction
+            if t.lock or not t.published:
+                return False
+        return True
 
     def _remove_leaf(self, node: Node) -> int:
         assert not node.children and node.lock_ref == 0

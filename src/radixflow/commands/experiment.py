@@ -15,7 +15,7 @@ from radixflow.commands.common import positive_int
 from radixflow.config import CHECKPOINT_MODES, SNAPSHOT_MODES, SchedulerConfig, help_of
 from radixflow.core.policies import ARMS
 from radixflow.integrations.vllm.sim_backend import SCHEDULERS, arm_runner
-from radixflow.report.experiment import PRESETS, preset, run_experiment
+from radixflow.report.experiment import PRESETS, preset, run_experiment, sim_setup
 from radixflow.report.paper import MODELS
 from radixflow.sim.cost_model import GPUS
 from radixflow.workloads.qa import ORDERS, STREAMS
@@ -66,6 +66,9 @@ def add_arguments(p) -> None:
     p.add_argument("--checkpoint-wait", default=None, help=help_of(SchedulerConfig, "checkpoint_wait"))
     p.add_argument("--branch-gap", type=float, default=None,
                    help="mean seconds between a question's branches (default: the preset's, 0.0005)")
+    p.add_argument("--prefix-match-unit", type=int, default=None,
+                   help=help_of(SchedulerConfig, "prefix_match_unit") + "; for every model (default: the "
+                        "preset's per model: 16 for Qwen3.5, the block for the others)")
     p.add_argument("--scheduler", default="radixflow", choices=SCHEDULERS,
                    help="radixflow: radixflow's scheduler; vllm: vLLM 0.33's own Scheduler (the 'vllm' extra; "
                         "the radixflow+frag arm has no vLLM counterpart and is left out)")
@@ -97,6 +100,12 @@ def grid_from_args(args):
         if args.branch_gap < 0:
             raise ValueError(f"--branch-gap must be >= 0, got {args.branch_gap}")
         grid.branch_gap = args.branch_gap
+    if args.prefix_match_unit is not None:
+        if args.prefix_match_unit < 0:
+            raise ValueError(f"--prefix-match-unit must be >= 0 (0: the block), got {args.prefix_match_unit}")
+        grid.prefix_match_unit = args.prefix_match_unit
+        for model in grid.models:  # one clear line now if the unit does not fit a model's block
+            sim_setup(grid, model, grid.budgets.get(model, (16, 8192))).scheduler_config()
     if args.checkpoints:
         grid.checkpoints = args.checkpoints
     if args.checkpoint_wait:

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from radixflow.cache.pool import IdPool
-from radixflow.cache.radix import Node, RadixIndex, chain_hashes
+from radixflow.cache.radix import Node, RadixIndex, Snapshot, chain_hashes
 from radixflow.config import SchedulerConfig
 from radixflow.core.branch import Branch
 
@@ -105,21 +105,23 @@ class BranchPoints:
 
 
 def capture_exact(s: SchedulerPools, b: Branch, depth: int, start: int, now: float, out: list[tuple[int, int]],
-                  copies: list[tuple[int, int]]) -> None:
+                  copies: list[tuple[int, int]], count: bool = True) -> Snapshot | None:
     """A tail snapshot at `depth` (inside a page) written by `b`'s row: a state capture at that point
-    and a copy of the partial page's K/V after the forward that writes it."""
+    and a copy of the partial page's K/V after the forward that writes it (`count`: a branch-point
+    checkpoint, counted in `exact_checkpoints`)."""
     node = anchor(s, b, depth)
     if node is None:
-        return
+        return None
     tail = tuple(b.tokens[node.depth : depth])
     if s.index.find_tail(node, tail) is not None or not s._ensure(1, 1):
-        return
+        return None
     slot, page = s.slots.allocate_one(), s.pages.allocate_one()
     snap = s.index.attach_tail(node, tail, slot, page, b.uid, now)
     snap.level = b.sched.level
     out.append((depth - start, slot))
     copies.append((b.sched.page_table[depth // s.block_size], page))
-    s.exact_checkpoints += 1
+    s.exact_checkpoints += count
+    return snap
 
 
 def attach_exact_end(s: SchedulerPools, b: Branch) -> bool:

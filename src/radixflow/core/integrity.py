@@ -41,6 +41,7 @@ def check_scheduler(s: SchedulerMemory) -> None:
                 slots.add(slot)
         locks += tr.node is not None
         snap_locks += tr.read_snapshot is not None
+        snap_locks += getattr(tr, "partial_tail", None) is not None  # vllm-align: its own partial tail
     for b in s.waiting + s.held:
         tr = b.sched
         assert not tr.private and tr.node is None and tr.working is None, f"{b.key}: waiting but holds memory"

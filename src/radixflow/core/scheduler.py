@@ -22,6 +22,7 @@ from radixflow.core.claims import Claims, finishes_now
 from radixflow.core.integrity import check_scheduler, holds_nothing
 from radixflow.core.lookup import Arrival, BlockedGroups, arrival_hashes
 from radixflow.core.misses import at_first_selection
+from radixflow.core.partial_hits import capture_partial, continue_partial, release_partial
 from radixflow.core.policies import AdmissionView, Arm
 from radixflow.core.vllm_split import aligned_split, internal_checkpoint
 
@@ -42,6 +43,7 @@ class _Track:
     verified: int = 0  # depth up to which a match was checked token by token
     no_cache: bool = False  # a hash collision was detected: this branch neither reads nor writes the cache
     junction: int = 0  # vllm-align: KV hit depth past the state hit at selection (vLLM's shared_prefix_boundary)
+    partial_tail: Snapshot | None = None  # vllm-align partial hits: the tail state this branch stopped at
     seq: int = 0  # place in the waiting queue among equal priorities (uid; preempted: before every uid)
     # While waiting: the chain hash at the last match's depth ĥ and of the page after it (None past the
     # prompt). A branch whose key was found Blocked this round, and whose next page is still not in the
@@ -87,9 +89,11 @@ class Scheduler:
             raise ValueError(f"--snapshot-mode vllm-align keeps state on KV blocks: the state interval "
                              f"({config.state_interval}) must equal the block size ({config.block_size}); "
                              f"spec.vllm_align.apply_vllm_align sets both to vLLM's block")
-        if self.vllm_align and 0 < config.prefix_match_unit < config.block_size:
-            raise ValueError(f"--prefix-match-unit {config.prefix_match_unit} (partial hits below the "
-                             f"{config.block_size}-token block) is modelled by --scheduler vllm only")
+        # vLLM's hash block; below the block, partial hits and the tail-boundary stop (core/partial_hits.py)
+        self.unit = (config.prefix_match_unit or config.block_size) if self.vllm_align else config.block_size
+        self.partial_hits = self.vllm_align and self.unit < config.block_size
+        if self.vllm_align and config.block_size % self.unit:
+            raise ValueError(f"--prefix-match-unit {self.unit} must divide the {config.block_size}-token block")
         self.chunk_end = hybrid and config.snapshot_mode in ("chunk-end", "vllm-align")
         self.branch_points = (BranchPoints(config.block_size, self.interval, min(64, config.state_interval // 2),
                                            None if config.checkpoint_wait == "grid" else int(config.checkpoint_wait))
@@ -174,7 +178,8 @@ class Scheduler:
                 i += 1
                 continue
             need = self._new_pages(b, b.num_computed_tokens + n)
-            while not self._ensure_pages(need):
+            # + a working slot for a branch whose own became its partial-tail snapshot (core/partial_hits.py)
+            while not self._ensure(need, int(b.sched.partial_tail is not None and b.sched.working is None)):
                 victim = self._victim(i)
                 self._preempt(victim)
                 preempted = True
@@ -491,6 +496,8 @@ class Scheduler:
         tr: _Track = b.sched
         bs = self.block_size
         end = start + n
+        if tr.partial_tail is not None and tr.working is None:
+            state_in = continue_partial(self, b, start)  # its state is in the snapshot, not a working slot
         new = -(-end // bs) - len(tr.page_table)
         if new > 0:
             pages = self.pages.allocate(new)
@@ -510,7 +517,7 @@ class Scheduler:
         if copy_in is not None:
             frag.copies_before.append(copy_in)
         if self.hybrid:
-            if not first:
+            if not first and state_in is None:
                 state_in = tr.working
             frag.state_in = state_in
             frag.state_out = self._captures(b, start, end, now, frag.copies_after)
@@ -538,12 +545,15 @@ class Scheduler:
         tr: _Track = b.sched
         out: list[tuple[int, int]] = []
         caching = self.config.enable_prefix_caching and not tr.no_cache
+        end_slot = None  # where the row's end state goes, when not the working slot
         if caching and self.chunk_end:
             if self.vllm_align:  # a state exported from inside the final chunk (no cut there)
                 ckpt = internal_checkpoint(start, end, b.prompt_len, b.num_tokens, self.interval,
-                                           self.config.internal_checkpoint)
+                                           self.config.internal_checkpoint, self.unit)
                 if ckpt is not None and ckpt % self.block_size == 0:
                     self._capture_at(b, ckpt, start, now, out)
+                elif self.partial_hits:  # the working slot may become the partial-tail snapshot
+                    end_slot = capture_partial(self, b, start, end, ckpt, now, out, copies)
             if end % self.interval == 0:
                 self._capture_at(b, end, start, now, out)
             if self.branch_points is not None:  # our extension on vLLM's grid (docs/checkpoints.md)
@@ -566,7 +576,7 @@ class Scheduler:
                 if tr.rolling is not None:
                     out.append((page_end - start, tr.rolling))
                     tr.rolling_depth = page_end
-        out.append((end - start, tr.working))
+        out.append((end - start, tr.working if end_slot is None else end_slot))
         return out
 
     def _branch_captures(self, b: Branch, start: int, end: int, now: float, out: list[tuple[int, int]],
@@ -624,6 +634,7 @@ class Scheduler:
         if tr.read_snapshot is not None:
             tr.read_snapshot.lock -= 1
             tr.read_snapshot = None
+        release_partial(b)
         self.index.unlock(tr.node)
         tr.node = None
         self.pages.free(sorted(tr.private))
@@ -681,7 +692,7 @@ class Scheduler:
     def _demand(self, b: Branch) -> int:
         """Remaining prefill tokens of `b` if it started now from the published cache."""
         m = self._match(b)
-        if self.branch_points is not None:
+        if self.branch_points is not None or self.partial_hits:
             start = self._boundary(b, m).ready
         else:
             start = self.index.ready_boundary(m)[0] if self.hybrid else m.depth
@@ -692,7 +703,7 @@ class Scheduler:
 
     def _boundary(self, b: Branch, m: Match) -> Boundary:
         """Where a hybrid branch can resume: grid snapshots, plus exact-depth tails in branch mode."""
-        if self.branch_points is None:
+        if self.branch_points is None and not self.partial_hits:
             return self.index.boundary(m)
         if not self._caching(b):
             return Boundary(0, None, None)
@@ -716,7 +727,8 @@ class Scheduler:
         n = min(total - start, tokens)
         if self.vllm_align and b is not None:
             return aligned_split(start, max(n, 0), b.prompt_len, total, self.interval,
-                                 self.config.max_num_batched_tokens, self.config.internal_checkpoint, junction)
+                                 self.config.max_num_batched_tokens, self.config.internal_checkpoint, junction,
+                                 self.unit)
         if self.hybrid:
             aligned = (start + n) // self.interval * self.interval
             if n < total - start or (self.chunk_end and start < aligned < start + n):

@@ -80,7 +80,15 @@ class Grid:
     checkpoint_wait: str = "grid"  # SchedulerConfig.checkpoint_wait (branch checkpoints)
     branch_gap: float = 0.0005  # mean s between a question's branches: the paper sends each on its own (§6)
     scheduler: str = "radixflow"  # radixflow | vllm (vLLM 0.33's Scheduler, integrations/vllm/sim_backend.py)
+    # vllm-align: vLLM's --prefix-match-unit for every model (0 = the block B: no partial hits); None =
+    # the paper's per model (paper.PREFIX_MATCH_UNITS), and none outside vllm-align
+    prefix_match_unit: int | None = None
     budgets: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(paper.BUDGETS))
+
+    def unit_of(self, model: str) -> int:
+        if self.prefix_match_unit is not None:
+            return self.prefix_match_unit
+        return paper.PREFIX_MATCH_UNITS.get(model, 0) if self.snapshot_mode == "vllm-align" else 0
 
     def rate_of(self, model: str) -> float:
         return self.rate if self.rate is not None else paper.RATES.get(model, 5.0)
@@ -104,6 +112,8 @@ class Grid:
             fp.update(checkpoints=self.checkpoints, checkpoint_wait=self.checkpoint_wait)
         if cell.kind == "qa":
             fp.update(branch_gap=self.branch_gap, scheduler=self.scheduler)
+            if self.unit_of(cell.model):  # absent at 0, so cells run before the field keep their fingerprint
+                fp.update(prefix_match_unit=self.unit_of(cell.model))
         if cell.kind == "qa":
             fp.update(
                 questions=self.questions,
@@ -129,7 +139,8 @@ def preset(name: str) -> Grid:
 def sim_setup(grid: Grid, model: str, budgets: tuple[int, int], hook=None) -> SimSetup:
     spec = get_spec(model)
     cfg = SchedulerConfig(max_num_seqs=budgets[0], max_num_batched_tokens=budgets[1], snapshot_mode=grid.snapshot_mode,
-                          checkpoints=grid.checkpoints, checkpoint_wait=grid.checkpoint_wait)
+                          prefix_match_unit=grid.unit_of(model), checkpoints=grid.checkpoints,
+                          checkpoint_wait=grid.checkpoint_wait)
     cfg.validate()
     return SimSetup(spec, get_gpu(grid.gpu), cfg, round_hook=hook)
 
@@ -171,6 +182,7 @@ def _qa_cell(grid: Grid, cell: Cell) -> dict:
             "block_size": setup.scheduler_config().block_size,
             "branch_gap": grid.branch_gap,
             "scheduler": grid.scheduler,
+            "prefix_match_unit": setup.scheduler_config().prefix_match_unit,
         },
         "arms": [arm],
     }
@@ -194,7 +206,8 @@ def _figure1_cell(grid: Grid, cell: Cell) -> dict:
 
     budgets = (FIGURE1_BUDGETS["max_num_seqs"], FIGURE1_BUDGETS["max_num_batched_tokens"])
     # The toy instance fixes its own boundaries (SPEC §11), whatever mode the grid runs in.
-    setup = sim_setup(replace(grid, snapshot_mode="every-boundary", checkpoints="boundary"), cell.model, budgets, hook)
+    setup = sim_setup(replace(grid, snapshot_mode="every-boundary", checkpoints="boundary", prefix_match_unit=0),
+                      cell.model, budgets, hook)
     vocab = setup.spec.vocab_size
     m, _ = run_arm(setup, get_arm(cell.arm), [[branch_from_record(r, "figure1", vocab) for r in figure1_records()]])
     arm = get_arm(cell.arm)

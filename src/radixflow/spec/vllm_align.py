@@ -121,7 +121,12 @@ def apply_vllm_align(cfg: SchedulerConfig, spec: ModelSpec, gpu: str) -> Schedul
     """A copy of `cfg` with vLLM's geometry when it asks for `vllm-align` on a hybrid model: block =
     state interval = vLLM's B, the internal-checkpoint condition, and a state slot as large as vLLM's
     padded Mamba pages (one attention page per state layer). Other configs come back unchanged."""
-    if cfg.snapshot_mode != "vllm-align" or not spec.is_hybrid:
+    if cfg.snapshot_mode != "vllm-align":
+        return cfg
+    if not spec.is_hybrid:
+        if cfg.prefix_match_unit not in (0, cfg.block_size):  # as resolve_kv_cache_block_sizes refuses it
+            raise ValueError(f"--prefix-match-unit {cfg.prefix_match_unit}: {spec.name} has one KV cache group, "
+                             f"whose hits land on the block size ({cfg.block_size}); unset it or set it to that")
         return cfg
     g = vllm_geometry(spec, gpu, prefix_match_unit=cfg.prefix_match_unit or None)
     out = replace(cfg, block_size=g.block_size, state_interval=g.block_size,

@@ -179,14 +179,19 @@ def run_vllm_trace(cfg: SchedulerConfig, arm: Arm, cost: CostModel, branches: li
             start = req.num_computed_tokens - n  # schedule() has already advanced it
             frag = Fragment(b, start, n, [], samples=start + n >= req.num_tokens)
             if hybrid:
-                ckpt = internal_checkpoint(start, start + n, b.prompt_len, req.num_tokens, bs, cfg.internal_checkpoint)
+                unit = cfg.prefix_match_unit or bs
+                ckpt = internal_checkpoint(start, start + n, b.prompt_len, req.num_tokens, bs, cfg.internal_checkpoint,
+                                           unit)
                 # The captures radixflow's vllm-align row would plan: working state, internal checkpoint,
-                # block-boundary chunk end (the cost model counts them).
+                # block-boundary chunk end (the cost model counts them); a tail-boundary stop's state is the
+                # working state itself (one write, the block the request runs on).
                 frag.state_out = [(n, 0)]
                 if ckpt is not None:
                     frag.state_out.append((ckpt - start, 0))
                 if (start + n) % bs == 0:
                     frag.state_out.append((n, 0))
+                if start % bs and start == b.cached_tokens and b.num_fragments == 0:
+                    frag.copies_before.append((0, 0))  # a partial hit: copy-on-write of the hit's last block
             batch.fragments.append(frag)
             b.num_fragments += 1
         deferred = len(getattr(sched, "blocked_last_step", []))
@@ -233,7 +238,9 @@ def run_vllm_arm(setup, arm: Arm, workloads: list[list[Branch]],
         else cfg.num_kv_pages
     parts, runs = [], []
     for branches in workloads:
-        res = run_vllm_trace(cfg, arm, setup.cost_model(setup.spec, setup.gpu), fresh_copies(branches), hybrid,
+        cost = setup.cost_model(setup.spec, setup.gpu)
+        cost.block_size = cfg.block_size  # what a page copy moves (a partial hit's copy-on-write)
+        res = run_vllm_trace(cfg, arm, cost, fresh_copies(branches), hybrid,
                              num_gpu_blocks=max(2, min(blocks, 1 << 22)), progress=progress,
                              num_state_groups=state_groups(setup.spec))
         if setup.check:
