@@ -174,14 +174,17 @@ class RadixIndex:
             node = node.parent
         return 0, None
 
-    def tokens_match(self, m: Match, tokens, start: int = 0) -> bool:
+    def tokens_match(self, m: Match, tokens, start: int = 0, kin: tuple | None = None, kin_len: int = 0) -> bool:
         """True when the matched path's tokens in [start, ĥ) equal `tokens` there (guards against a
-        chain-hash collision, which the hash lookup alone cannot see)."""
+        chain-hash collision, which the hash lookup alone cannot see). A node whose key was cut from
+        `tokens` itself, or from `kin` within its first `kin_len` tokens (the caller knows `tokens`
+        equals `kin` there), is equal without a compare."""
         node = m.node
         while node is not None and node.parent is not None and node.depth > start:
             first = node.depth - len(node.key)
             lo, hi = max(first, start), min(node.depth, m.depth)
-            if hi > lo:
+            origin = node.origin
+            if hi > lo and (origin is None or not (origin is tokens or (origin is kin and hi <= kin_len))):
                 key = node.key if lo == first and hi == node.depth else node.key[lo - first : hi - first]
                 if tuple(tokens[lo:hi]) != key:
                     return False
@@ -207,13 +210,15 @@ class RadixIndex:
         return out
 
     def insert(self, namespace: str, tokens, hashes: list[int], page_table: list[int], num_pages: int,
-               now: float, cuts: range | None = None) -> tuple[Node, int]:
+               now: float, cuts: range | None = None, origin: tuple | None = None) -> tuple[Node, int]:
         """Registers the first `num_pages` pages of a branch (pending until `publish`).
 
         Returns the node holding page num_pages-1 and the index of the first page the tree adopted
         (pages before it already existed in the tree and stay the caller's private copies).
         `cuts`: page counts where the caller will split the new pages at once (its snapshot depths);
         the new pages are laid down as a chain of nodes ending there, the tree `node_at` would leave.
+        `origin`: a token tuple equal to `tokens` over its length (the branch's prompt); nodes within it
+        remember it (`Node.origin`, read by `tokens_match`).
         """
         assert num_pages >= 1 and len(page_table) >= num_pages and len(hashes) >= num_pages
         m = self.match(hashes, num_pages)
@@ -227,7 +232,8 @@ class RadixIndex:
         for hi in (*(c for c in cuts if have < c < num_pages), num_pages) if cuts else (num_pages,):
             key = tuple(tokens[lo * bs : hi * bs])
             node = Node(parent, namespace, key, page_table[lo:hi], hashes[lo:hi], hi * bs,
-                        lock_ref=0, last_access=now, pending=True)
+                        lock_ref=0, last_access=now, pending=True,
+                        origin=origin if origin is not None and hi * bs <= len(origin) else None)
             parent.children[key[:bs]] = node
             self._by_hash.update(dict.fromkeys(node.hashes, node))
             self._pending_nodes.append(node)
@@ -558,7 +564,7 @@ class RadixIndex:
         bs = self.block_size
         top = Node(node.parent, node.namespace, node.key[: k * bs], node.pages[:k], node.hashes[:k],
                    node.start + k * bs, lock_ref=node.lock_ref, last_access=node.last_access,
-                   pending=node.pending)
+                   pending=node.pending, origin=node.origin)
         node.parent.children[node.key[:bs]] = top
         node.key = node.key[k * bs :]
         node.pages = node.pages[k:]

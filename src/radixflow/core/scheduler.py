@@ -41,6 +41,8 @@ class _Track:
     read_snapshot: Snapshot | None = None  # locked for the round that restores from it
     level: int = 0  # dependency depth of the branch's last fragment
     verified: int = 0  # depth up to which a match was checked token by token
+    kin: tuple | None = None  # an earlier arrival's prompt equal to this one's on the first kin_len tokens
+    kin_len: int = 0
     no_cache: bool = False  # a hash collision was detected: this branch neither reads nor writes the cache
     junction: int = 0  # vllm-align: KV hit depth past the state hit at selection (vLLM's shared_prefix_boundary)
     partial_tail: Snapshot | None = None  # vllm-align partial hits: the tail state this branch stopped at
@@ -143,6 +145,7 @@ class Scheduler:
             if not tr.no_cache:
                 self._last_arrival = arrival
                 tr.hashes = arrival.hashes
+                tr.kin, tr.kin_len = arrival.kin, arrival.kin_len
                 k, max_pages = arrival.shared, (branch.num_tokens - 1) // self.block_size
                 if 0 < k <= max_pages:  # first guess of its group key: where it leaves its sibling
                     tr.group_key = tr.hashes[k - 1]
@@ -531,7 +534,8 @@ class Scheduler:
             return
         if len(tr.hashes) < full:
             tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
-        node, adopted = self.index.insert(b.namespace, b.tokens, tr.hashes, tr.page_table, full, now, cuts)
+        node, adopted = self.index.insert(b.namespace, b.tokens, tr.hashes, tr.page_table, full, now, cuts,
+                                          b.prompt)
         tr.private.difference_update(tr.page_table[adopted:full])
         if node is not tr.node:
             self.index.lock(node)
@@ -679,7 +683,7 @@ class Scheduler:
         m = self.index.match(tr.hashes, max_pages)
         if m.depth > tr.verified:
             # Hashes find the match; tokens confirm it (once per new depth: the tree only loses tails).
-            if not self.index.tokens_match(m, b.tokens, tr.verified):
+            if not self.index.tokens_match(m, b.tokens, tr.verified, tr.kin, tr.kin_len):
                 tr.no_cache = True  # a 64-bit chain-hash collision: run this branch uncached
                 return Match(0, None)
             tr.verified = m.depth
