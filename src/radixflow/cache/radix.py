@@ -78,11 +78,14 @@ class RadixIndex:
         self.num_locked_pages = 0  # pages in nodes with lock_ref > 0 (kept on lock/unlock)
 
     # ------------------------------------------------------------------ public API
-    def match(self, hashes: list[int], max_pages: int | None = None) -> Match:
-        """Longest cached prefix (pending pages included) among the first `max_pages` pages."""
+    def match(self, hashes: list[int], max_pages: int | None = None, known: int = 0) -> Match:
+        """Longest cached prefix (pending pages included) among the first `max_pages` pages.
+        `known`: pages the caller expects in the tree (checked by one probe; the search starts there)."""
         n = len(hashes) if max_pages is None else min(max_pages, len(hashes))
         by_hash = self._by_hash
         lo, hi = 0, n  # answer in [lo, hi]: number of matched pages
+        if 0 < known <= n and hashes[known - 1] in by_hash:  # prefix-closed: pages [0, known) are in
+            lo = known
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if hashes[mid - 1] in by_hash:
@@ -210,7 +213,8 @@ class RadixIndex:
         return out
 
     def insert(self, namespace: str, tokens, hashes: list[int], page_table: list[int], num_pages: int,
-               now: float, cuts: range | None = None, origin: tuple | None = None) -> tuple[Node, int]:
+               now: float, cuts: range | None = None, origin: tuple | None = None,
+               known: int = 0) -> tuple[Node, int]:
         """Registers the first `num_pages` pages of a branch (pending until `publish`).
 
         Returns the node holding page num_pages-1 and the index of the first page the tree adopted
@@ -218,10 +222,10 @@ class RadixIndex:
         `cuts`: page counts where the caller will split the new pages at once (its snapshot depths);
         the new pages are laid down as a chain of nodes ending there, the tree `node_at` would leave.
         `origin`: a token tuple equal to `tokens` over its length (the branch's prompt); nodes within it
-        remember it (`Node.origin`, read by `tokens_match`).
+        remember it (`Node.origin`, read by `tokens_match`). `known`: `match`'s hint.
         """
         assert num_pages >= 1 and len(page_table) >= num_pages and len(hashes) >= num_pages
-        m = self.match(hashes, num_pages)
+        m = self.match(hashes, num_pages, known)
         have = m.depth // self.block_size
         if have == num_pages:
             return m.node, num_pages
@@ -373,6 +377,18 @@ class RadixIndex:
                 self.num_locked_pages += len(node.pages)
             node.lock_ref += 1
             node = node.parent
+
+    def relock(self, old: Node | None, new: Node) -> None:
+        """`lock(new)` then `unlock(old)`, walking only the part of new's path below old when old is on it."""
+        node = new
+        while node is not None and node.parent is not None:
+            if node is old:
+                return  # old and the nodes above it keep their counts (+1 - 1)
+            if node.lock_ref == 0:
+                self.num_locked_pages += len(node.pages)
+            node.lock_ref += 1
+            node = node.parent
+        self.unlock(old)
 
     def unlock(self, node: Node | None) -> None:
         while node is not None and node.parent is not None:
