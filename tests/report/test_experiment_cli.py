@@ -38,25 +38,26 @@ def test_experiment_cli_passes_the_snapshot_mode_to_the_scheduler(tmp_path, caps
     assert meta["branch_gap"] == 0.0005
 
 
-def test_the_paper_preset_takes_partial_hits_on_qwen35_only_and_the_flag_overrides_it(tmp_path, capsys):
+def test_the_paper_preset_takes_vllms_default_unit_for_every_model_and_the_flag_overrides_it(tmp_path, capsys):
     import json
 
     from radixflow.report.experiment import preset
 
     grid = preset("paper")
-    assert [grid.unit_of(m) for m in ("qwen3.5-0.8b", "qwen3.5-27b", "nemotron-nano-9b-v2", "qwen3-8b")] == [
-        16, 16, 0, 0]
+    # one rule for every model: vLLM 0.33's default (0 = the block), no unit chosen per model name
+    assert {grid.unit_of(m) for m in ("qwen3.5-0.8b", "qwen3.5-27b", "nemotron-nano-9b-v2", "qwen3-8b")} == {0}
+    grid.prefix_match_unit = 16
     grid.snapshot_mode = "every-boundary"
     assert grid.unit_of("qwen3.5-0.8b") == 0  # vLLM's hash block means nothing outside vllm-align
     args = _quick_args(tmp_path, "qwen3.5-4b", "radix")
     cell = tmp_path / "cells" / "qa__qwen3.5-4b__radix__cold__forward.json"
-    assert main(args) == 0
-    meta = json.loads(cell.read_text())["meta"]
-    assert (meta["prefix_match_unit"], meta["fingerprint"]["prefix_match_unit"]) == (16, 16)
-    capsys.readouterr()
-    assert main([*args, "--prefix-match-unit", "0"]) == 0  # vLLM 0.33's default: the block, rerun
+    assert main(args) == 0  # the preset's default: the block
     meta = json.loads(cell.read_text())["meta"]
     assert meta["prefix_match_unit"] == 528 and "prefix_match_unit" not in meta["fingerprint"]
+    capsys.readouterr()
+    assert main([*args, "--prefix-match-unit", "16"]) == 0  # partial hits: a new fingerprint, rerun
+    meta = json.loads(cell.read_text())["meta"]
+    assert (meta["prefix_match_unit"], meta["fingerprint"]["prefix_match_unit"]) == (16, 16)
     assert main([*args, "--prefix-match-unit", "100"]) == 2  # does not divide 528
     assert "--prefix-match-unit 100 must divide" in capsys.readouterr().err
 

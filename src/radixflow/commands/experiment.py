@@ -67,8 +67,8 @@ def add_arguments(p) -> None:
     p.add_argument("--branch-gap", type=float, default=None,
                    help="mean seconds between a question's branches (default: the preset's, 0.0005)")
     p.add_argument("--prefix-match-unit", type=int, default=None,
-                   help=help_of(SchedulerConfig, "prefix_match_unit") + "; for every model (default: the "
-                        "preset's per model: 16 for Qwen3.5, the block for the others)")
+                   help=help_of(SchedulerConfig, "prefix_match_unit") + "; for every model (default: 0, "
+                        "the block: vLLM 0.33's default)")
     p.add_argument("--scheduler", default="radixflow", choices=SCHEDULERS,
                    help="radixflow: radixflow's scheduler; vllm: vLLM 0.33's own Scheduler (the 'vllm' extra; "
                         "the radixflow+frag arm has no vLLM counterpart and is left out)")

@@ -80,15 +80,13 @@ class Grid:
     checkpoint_wait: str = "grid"  # SchedulerConfig.checkpoint_wait (branch checkpoints)
     branch_gap: float = 0.0005  # mean s between a question's branches: the paper sends each on its own (§6)
     scheduler: str = "radixflow"  # radixflow | vllm (vLLM 0.33's Scheduler, integrations/vllm/sim_backend.py)
-    # vllm-align: vLLM's --prefix-match-unit for every model (0 = the block B: no partial hits); None =
-    # the paper's per model (paper.PREFIX_MATCH_UNITS), and none outside vllm-align
-    prefix_match_unit: int | None = None
+    # vllm-align: vLLM's --prefix-match-unit for every model (0 = the block B, vLLM 0.33's default: no
+    # partial hits; one rule for every model, docs/simulator.md "Partial hits"); none outside vllm-align
+    prefix_match_unit: int = 0
     budgets: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(paper.BUDGETS))
 
     def unit_of(self, model: str) -> int:
-        if self.prefix_match_unit is not None:
-            return self.prefix_match_unit
-        return paper.PREFIX_MATCH_UNITS.get(model, 0) if self.snapshot_mode == "vllm-align" else 0
+        return self.prefix_match_unit if self.snapshot_mode == "vllm-align" else 0
 
     def rate_of(self, model: str) -> float:
         return self.rate if self.rate is not None else paper.RATES.get(model, 5.0)

@@ -19,11 +19,6 @@ LABELS = {
 }
 FULL_ATTENTION = frozenset({"qwen3-8b"})
 RATES = {m: (1.5 if m.startswith("nemotron") else 5.0) for m in MODELS}  # requests/s
-# vLLM's --prefix-match-unit per model (0: the block, vLLM 0.33's default). In vLLM 0.33's code only
-# partial hits (16 < B) give the paper's ≈2 Radix rows per branch on every Qwen3.5 size (the split's
-# tail-boundary stop), and only their absence gives Nemotron-H's 1.12 (with them its final chunks, mostly
-# within one block of their start, cannot export the checkpoint and are cut too): docs/simulator.md.
-PREFIX_MATCH_UNITS = {m: 16 for m in MODELS if m.startswith("qwen3.5")}
 QUESTIONS = 1551  # QuALITY 1,034 + RACE-M 517; x 3 streams x 2 orders = 9,306 requests per arm
 BRANCHES = QUESTIONS * 6 * 4  # four candidates per question: 37,224 branches per arm
 CALIBRATION_QUESTIONS = 64
