@@ -120,3 +120,46 @@ def test_a_chain_hash_collision_is_caught_by_the_token_check():
     s.complete(batch, ExecResult(0.01, {0: Sample(0)}), 1.0)
     s.check_integrity()
     assert s.holds_nothing()
+
+
+def test_tokens_match_skips_only_what_is_known_equal():
+    idx = _index(bs=4)
+    a = tuple(range(16))
+    _insert(idx, "n", a)
+    m = idx.match(chain_hashes("n", a, 4))
+    other = tuple(range(100, 116))
+    assert not idx.tokens_match(m, other)  # the key came from no named origin: compared
+    node = m.node
+    node.origin = a
+    assert idx.tokens_match(m, a)  # cut from these very tokens
+    assert idx.tokens_match(m, other, kin=a, kin_len=16)  # the caller vouches other == a on 16 tokens
+    assert not idx.tokens_match(m, other, kin=a, kin_len=12)  # the node runs past what is vouched for
+    assert not idx.tokens_match(m, other, kin=a[:8] + a[8:], kin_len=16)  # an equal tuple is not the origin
+
+
+def test_a_collision_past_the_shared_document_is_caught_for_a_sibling():
+    """Siblings compared on arrival skip the guard only on the pages they were seen to share."""
+    from factories import small_config
+    from radixflow.core.batch import ExecResult, Sample
+    from radixflow.core.branch import Branch
+    from radixflow.core.policies import get_arm
+    from radixflow.core.scheduler import Scheduler
+
+    s = Scheduler(small_config(max_num_seqs=1), get_arm("radix"), hybrid=False)
+    doc = tuple(range(8))
+    a = Branch("a", 0, doc + tuple(range(50, 82)), namespace="n")
+    b = Branch("b", 0, doc + tuple(range(200, 232)), namespace="n")  # shares 2 pages with a
+    c = Branch("c", 0, doc + tuple(range(50, 82)), namespace="n")  # a's twin: equal on all pages
+    for x in (a, b, c):
+        s.add(x)
+    assert b.sched.kin is a.prompt and b.sched.kin_len == 8
+    b.sched.hashes = list(a.sched.hashes)  # forge: every page of b collides with a's
+    s.admit(1.0)
+    for _ in range(3):
+        batch = s.schedule(1.0)
+        s.complete(batch, ExecResult(0.01, {i: Sample(0) for i, f in enumerate(batch.fragments) if f.samples}),
+                   1.0)
+        s.check_integrity()
+    assert b.cached_tokens == 0 and b.sched.no_cache, "a colliding page past the shared ones must not be reused"
+    assert c.cached_tokens == 36 and not c.sched.no_cache
+    assert s.holds_nothing()

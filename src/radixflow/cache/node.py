@@ -34,6 +34,9 @@ class Node:
     pending: bool = False  # pages registered this round, not yet computed
     snapshot: Snapshot | None = None
     tails: list[Snapshot] = field(default_factory=list)  # exact-depth snapshots inside the next page
+    # The token sequence the key was cut from (key == origin[start:depth]), when the inserter named
+    # one: a branch known equal to `origin` there needs no token-by-token collision check.
+    origin: tuple[int, ...] | None = field(default=None, repr=False)
 
     @property
     def start(self) -> int:

@@ -78,11 +78,14 @@ class RadixIndex:
         self.num_locked_pages = 0  # pages in nodes with lock_ref > 0 (kept on lock/unlock)
 
     # ------------------------------------------------------------------ public API
-    def match(self, hashes: list[int], max_pages: int | None = None) -> Match:
-        """Longest cached prefix (pending pages included) among the first `max_pages` pages."""
+    def match(self, hashes: list[int], max_pages: int | None = None, known: int = 0) -> Match:
+        """Longest cached prefix (pending pages included) among the first `max_pages` pages.
+        `known`: pages the caller expects in the tree (checked by one probe; the search starts there)."""
         n = len(hashes) if max_pages is None else min(max_pages, len(hashes))
         by_hash = self._by_hash
         lo, hi = 0, n  # answer in [lo, hi]: number of matched pages
+        if 0 < known <= n and hashes[known - 1] in by_hash:  # prefix-closed: pages [0, known) are in
+            lo = known
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if hashes[mid - 1] in by_hash:
@@ -174,14 +177,17 @@ class RadixIndex:
             node = node.parent
         return 0, None
 
-    def tokens_match(self, m: Match, tokens, start: int = 0) -> bool:
+    def tokens_match(self, m: Match, tokens, start: int = 0, kin: tuple | None = None, kin_len: int = 0) -> bool:
         """True when the matched path's tokens in [start, ĥ) equal `tokens` there (guards against a
-        chain-hash collision, which the hash lookup alone cannot see)."""
+        chain-hash collision, which the hash lookup alone cannot see). A node whose key was cut from
+        `tokens` itself, or from `kin` within its first `kin_len` tokens (the caller knows `tokens`
+        equals `kin` there), is equal without a compare."""
         node = m.node
         while node is not None and node.parent is not None and node.depth > start:
             first = node.depth - len(node.key)
             lo, hi = max(first, start), min(node.depth, m.depth)
-            if hi > lo:
+            origin = node.origin
+            if hi > lo and (origin is None or not (origin is tokens or (origin is kin and hi <= kin_len))):
                 key = node.key if lo == first and hi == node.depth else node.key[lo - first : hi - first]
                 if tuple(tokens[lo:hi]) != key:
                     return False
@@ -207,16 +213,19 @@ class RadixIndex:
         return out
 
     def insert(self, namespace: str, tokens, hashes: list[int], page_table: list[int], num_pages: int,
-               now: float, cuts: range | None = None) -> tuple[Node, int]:
+               now: float, cuts: range | None = None, origin: tuple | None = None,
+               known: int = 0) -> tuple[Node, int]:
         """Registers the first `num_pages` pages of a branch (pending until `publish`).
 
         Returns the node holding page num_pages-1 and the index of the first page the tree adopted
         (pages before it already existed in the tree and stay the caller's private copies).
         `cuts`: page counts where the caller will split the new pages at once (its snapshot depths);
         the new pages are laid down as a chain of nodes ending there, the tree `node_at` would leave.
+        `origin`: a token tuple equal to `tokens` over its length (the branch's prompt); nodes within it
+        remember it (`Node.origin`, read by `tokens_match`). `known`: `match`'s hint.
         """
         assert num_pages >= 1 and len(page_table) >= num_pages and len(hashes) >= num_pages
-        m = self.match(hashes, num_pages)
+        m = self.match(hashes, num_pages, known)
         have = m.depth // self.block_size
         if have == num_pages:
             return m.node, num_pages
@@ -227,7 +236,8 @@ class RadixIndex:
         for hi in (*(c for c in cuts if have < c < num_pages), num_pages) if cuts else (num_pages,):
             key = tuple(tokens[lo * bs : hi * bs])
             node = Node(parent, namespace, key, page_table[lo:hi], hashes[lo:hi], hi * bs,
-                        lock_ref=0, last_access=now, pending=True)
+                        lock_ref=0, last_access=now, pending=True,
+                        origin=origin if origin is not None and hi * bs <= len(origin) else None)
             parent.children[key[:bs]] = node
             self._by_hash.update(dict.fromkeys(node.hashes, node))
             self._pending_nodes.append(node)
@@ -367,6 +377,18 @@ class RadixIndex:
                 self.num_locked_pages += len(node.pages)
             node.lock_ref += 1
             node = node.parent
+
+    def relock(self, old: Node | None, new: Node) -> None:
+        """`lock(new)` then `unlock(old)`, walking only the part of new's path below old when old is on it."""
+        node = new
+        while node is not None and node.parent is not None:
+            if node is old:
+                return  # old and the nodes above it keep their counts (+1 - 1)
+            if node.lock_ref == 0:
+                self.num_locked_pages += len(node.pages)
+            node.lock_ref += 1
+            node = node.parent
+        self.unlock(old)
 
     def unlock(self, node: Node | None) -> None:
         while node is not None and node.parent is not None:
@@ -558,7 +580,7 @@ class RadixIndex:
         bs = self.block_size
         top = Node(node.parent, node.namespace, node.key[: k * bs], node.pages[:k], node.hashes[:k],
                    node.start + k * bs, lock_ref=node.lock_ref, last_access=node.last_access,
-                   pending=node.pending)
+                   pending=node.pending, origin=node.origin)
         node.parent.children[node.key[:bs]] = top
         node.key = node.key[k * bs :]
         node.pages = node.pages[k:]

@@ -16,7 +16,7 @@ class Outcome(enum.Enum):
     OTHER = "other"  # rows or tokens exhausted, pool out of memory, ...
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Fragment:
     """One row of one round: `num_tokens` tokens of `branch` starting at position `start`."""
 

@@ -54,6 +54,10 @@ class Arrival:
     tokens: tuple
     hashes: list[int]
     shared: int = 0  # pages it shared with the arrival before it
+    # `tokens[:kin_len] == kin[:kin_len]`, found by comparing with the arrivals before it: a tree node cut
+    # from `kin` within that length needs no token check against this branch (`RadixIndex.tokens_match`).
+    kin: tuple | None = None
+    kin_len: int = 0
 
 
 def arrival_hashes(index: RadixIndex, namespace: str, tokens, prev: Arrival | None) -> tuple[Arrival, int, bool]:
@@ -65,15 +69,18 @@ def arrival_hashes(index: RadixIndex, namespace: str, tokens, prev: Arrival | No
     full = len(tokens) // bs
     m, known = index.match_tokens(namespace, tokens, full)
     shared = len(known)
+    kin, kin_len = None, 0
     if prev is not None and prev.namespace == namespace and len(prev.hashes) > shared:
         k = common_pages(tokens, prev.tokens, bs, len(prev.hashes), prev.shared)
         if k > len(known):
             known = prev.hashes[:k]
             shared = k
+        if k:  # equal to prev on k pages, so to prev's kin on as many of those as it covers
+            kin, kin_len = (prev.kin, min(k * bs, prev.kin_len)) if prev.kin is not None else (prev.tokens, k * bs)
     hashes = chain_hashes(namespace, tokens, bs, known)
     walked = m.depth // bs
     collision = walked < full and index.has_page(hashes[walked])
-    return Arrival(namespace, tokens, hashes, shared), m.depth, collision
+    return Arrival(namespace, tokens, hashes, shared, kin, kin_len), m.depth, collision
 
 
 class BlockedGroups:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 CAUSES = ("ready_hit", "checkpoint_missing", "evicted", "no_shared_prefix")
 
 
-@dataclass
+@dataclass(slots=True)
 class Misses:
     prompt: int = 0
     identity_hit: int = 0  # ĥ
@@ -44,8 +44,10 @@ class Misses:
 def at_first_selection(index, namespace: str, tokens, hashes: list[int], prompt: int, identity: int,
                        ready: int, blocked: tuple[int, int] = (0, 0)) -> Misses:
     """Splits `prompt` by cause for a branch that matched `identity` (ĥ) and starts at `ready` (h)."""
-    bs = index.block_size
     ghosts = index.ghosts
+    if not len(ghosts):  # nothing was ever evicted (or remembered): no part of the prompt is "evicted"
+        return Misses(prompt, identity, ready, identity - ready, 0, prompt - identity, blocked[0], blocked[1])
+    bs = index.block_size
     gone_state = ready
     for i in range(identity // bs, ready // bs - 1, -1):  # deepest evicted snapshot in (h, ĥ]
         anchor = hashes[i - 1] if i else ("root", namespace)

@@ -41,6 +41,8 @@ class _Track:
     read_snapshot: Snapshot | None = None  # locked for the round that restores from it
     level: int = 0  # dependency depth of the branch's last fragment
     verified: int = 0  # depth up to which a match was checked token by token
+    kin: tuple | None = None  # an earlier arrival's prompt equal to this one's on the first kin_len tokens
+    kin_len: int = 0
     no_cache: bool = False  # a hash collision was detected: this branch neither reads nor writes the cache
     junction: int = 0  # vllm-align: KV hit depth past the state hit at selection (vLLM's shared_prefix_boundary)
     partial_tail: Snapshot | None = None  # vllm-align partial hits: the tail state this branch stopped at
@@ -143,6 +145,7 @@ class Scheduler:
             if not tr.no_cache:
                 self._last_arrival = arrival
                 tr.hashes = arrival.hashes
+                tr.kin, tr.kin_len = arrival.kin, arrival.kin_len
                 k, max_pages = arrival.shared, (branch.num_tokens - 1) // self.block_size
                 if 0 < k <= max_pages:  # first guess of its group key: where it leaves its sibling
                     tr.group_key = tr.hashes[k - 1]
@@ -358,6 +361,10 @@ class Scheduler:
                 claims.carry(b, plan.start + plan.num_tokens)
         taken.sort()
         end = len(taken)
+        if end > 1 and taken[-1] - taken[0] < 256:  # a short span: one slice assignment, one memmove
+            lo, hi, gone = taken[0], taken[-1] + 1, set(taken)
+            waiting[lo:hi] = [waiting[j] for j in range(lo, hi) if j not in gone]
+            end = 0
         while end:  # from the back, one slice per run of adjacent positions (one memmove each)
             start = end - 1
             while start and taken[start - 1] == taken[start] - 1:
@@ -500,7 +507,7 @@ class Scheduler:
             state_in = continue_partial(self, b, start)  # its state is in the snapshot, not a working slot
         new = -(-end // bs) - len(tr.page_table)
         if new > 0:
-            pages = self.pages.allocate(new)
+            pages = [self.pages.allocate_one()] if new == 1 else self.pages.allocate(new)
             tr.page_table.extend(pages)
             tr.private.update(pages)
         full = end // bs
@@ -509,7 +516,7 @@ class Scheduler:
             if self.hybrid and not self.chunk_end and self.branch_points is None:  # _captures' depths
                 step = self.interval // bs
                 cuts = range((start // self.interval + 1) * step, full, step)
-            self._register(b, full, now, cuts)
+            self._register(b, full, now, cuts, start // bs)
         tr.level += 1
         if tr.level > self.max_level:
             self.max_level = tr.level
@@ -524,18 +531,20 @@ class Scheduler:
         batch.fragments.append(frag)
         b.num_fragments += 1
 
-    def _register(self, b: Branch, full: int, now: float, cuts: range | None = None) -> None:
-        """Registers the branch's full pages in the index (pending: usable by full attention this round)."""
+    def _register(self, b: Branch, full: int, now: float, cuts: range | None = None, known: int = 0) -> None:
+        """Registers the branch's full pages in the index (pending: usable by full attention this round).
+        `known`: pages expected in the tree already (the row's start; `RadixIndex.match` checks it)."""
         tr: _Track = b.sched
         if tr.no_cache:
             return
         if len(tr.hashes) < full:
             tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
-        node, adopted = self.index.insert(b.namespace, b.tokens, tr.hashes, tr.page_table, full, now, cuts)
-        tr.private.difference_update(tr.page_table[adopted:full])
+        node, adopted = self.index.insert(b.namespace, b.tokens, tr.hashes, tr.page_table, full, now, cuts,
+                                          b.prompt, known)
+        if adopted < full:
+            tr.private.difference_update(tr.page_table[adopted:full])
         if node is not tr.node:
-            self.index.lock(node)
-            self.index.unlock(tr.node)
+            self.index.relock(tr.node, node)
             tr.node = node
 
     def _captures(self, b: Branch, start: int, end: int, now: float,
@@ -679,7 +688,7 @@ class Scheduler:
         m = self.index.match(tr.hashes, max_pages)
         if m.depth > tr.verified:
             # Hashes find the match; tokens confirm it (once per new depth: the tree only loses tails).
-            if not self.index.tokens_match(m, b.tokens, tr.verified):
+            if not self.index.tokens_match(m, b.tokens, tr.verified, tr.kin, tr.kin_len):
                 tr.no_cache = True  # a 64-bit chain-hash collision: run this branch uncached
                 return Match(0, None)
             tr.verified = m.depth
