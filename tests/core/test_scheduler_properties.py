@@ -160,7 +160,8 @@ def test_prefix_stop_batch_is_subset_of_state_ready_and_no_avoidable_bubble(bran
             b_full = full.schedule(now)
         assert [_frag_key(f) for f in b_full.fragments] == [_frag_key(f) for f in b_sr.fragments]
         assert (b_full.deferred, b_full.stop_reason) == (b_sr.deferred, b_sr.stop_reason)
-        assert ([b.blocked_rounds for b in full.waiting] == [b.blocked_rounds for b in sr.waiting])
+        assert ([(b.blocked_rounds, b.blocked_tokens) for b in full.waiting]
+                == [(b.blocked_rounds, b.blocked_tokens) for b in sr.waiting])
         checked.append(len(sel_sr) - len(sel_ps))
 
     _drive(_fresh(branches), "radixflow", cfg, hybrid, per_round=compare)
@@ -190,6 +191,7 @@ def test_group_runs_decide_as_a_lookup_per_branch_on_a_fan_and_groups():
                 trace.append(([_frag_key(f) for f in batch.fragments], batch.deferred, batch.stop_reason))
                 s.complete(batch, _Exec().execute(batch), 1.0)
                 s.check_integrity()
-            runs.append((trace, [b.blocked_rounds for b in s.finished]))
+            runs.append((trace, [(b.blocked_rounds, b.blocked_tokens, b.misses) for b in s.finished]))
         assert runs[0] == runs[1]
         assert max(t[1] for t in runs[0][0]) >= long_run, "the shape did not defer a long run"
+        assert sum(1 for _, saved, _ in runs[0][1] if saved) > 1, "no member recorded what its wait saved"

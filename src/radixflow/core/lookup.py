@@ -92,11 +92,14 @@ class BlockedGroups:
         self.block_size = index.block_size
         self._in_tree = index.page_hashes
         self.by_key: dict[int, Snapshot] = {}  # read by the scan's inlined fast path
+        self.ready: dict[int, int] = {}  # group key -> the members' ready depth (same path, same h)
         self._depths: list[int] = []  # pages, most recent last
 
-    def add(self, key: int, pages: int, snapshot: Snapshot) -> None:
-        """A branch with group key `key` (its match ended after `pages` pages) is Blocked on `snapshot`."""
+    def add(self, key: int, pages: int, snapshot: Snapshot, ready: int = 0) -> None:
+        """A branch with group key `key` (its match ended after `pages` pages, its ready state at
+        depth `ready`) is Blocked on `snapshot`."""
         self.by_key[key] = snapshot
+        self.ready[key] = ready
         if pages not in self._depths:
             self._depths.append(pages)
             if len(self._depths) > self.MAX_DEPTHS:

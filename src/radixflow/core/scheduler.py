@@ -59,6 +59,7 @@ class _Plan(NamedTuple):
     start: int
     num_tokens: int
     snapshot: Snapshot | None
+    ready: int = 0  # a Blocked plan: the depth its ready state is at (what the wait saves is start - ready)
 
 
 @dataclass
@@ -298,7 +299,10 @@ class Scheduler:
                         break
                     deferred += 1
                     self._next_sure = True
-                    b.blocked_rounds += b.first_selected_at is None
+                    if b.first_selected_at is None:
+                        if not b.blocked_rounds:  # as _check: what the wait saves, at the first deferral
+                            b.blocked_tokens = d - groups.ready.get(tr.group_key, 0)
+                        b.blocked_rounds += 1
                     if claims.open:
                         claims.defer(b, d)
                         continue
@@ -306,11 +310,14 @@ class Scheduler:
                     # Blocked on the same snapshot by the same two tests, in one tight loop.
                     j, key = pos + 1, tr.group_key
                     if tokens >= interval and not d % interval:
+                        saves = d - groups.ready.get(key, 0)
                         for b in islice(waiting, j, None):
                             tr = b.sched
                             if tr.group_key != key or (tr.next_hash is not None and tr.next_hash in in_tree):
                                 break
                             if b.first_selected_at is None:
+                                if not b.blocked_rounds:
+                                    b.blocked_tokens = saves
                                 b.blocked_rounds += 1
                             j += 1
                     claims.deferred += j - pos
@@ -337,7 +344,7 @@ class Scheduler:
                     break
                 key = b.sched.group_key
                 if key is not None and not plan.snapshot.tail:  # a tail: members may part inside its page
-                    groups.add(key, plan.match.depth // bs, plan.snapshot)
+                    groups.add(key, plan.match.depth // bs, plan.snapshot, plan.ready)
                 if claims is None:
                     self.claims = claims = self._new_claims(batch)
                 claims.defer(b, plan.start)
@@ -428,7 +435,7 @@ class Scheduler:
                     return Outcome.OTHER, None, "tokens"
                 if b.first_selected_at is None and not b.blocked_rounds:
                     b.blocked_tokens = bd.blocking.depth - bd.ready
-                return Outcome.BLOCKED, _Plan(m, bd.blocking.depth, 0, bd.blocking), "blocked"
+                return Outcome.BLOCKED, _Plan(m, bd.blocking.depth, 0, bd.blocking, bd.ready), "blocked"
             start, snapshot = bd.ready, bd.ready_snapshot
         else:
             start = m.depth
