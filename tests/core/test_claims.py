@@ -5,7 +5,7 @@ import pytest
 from factories import small_config
 from radixflow.core.batch import ExecResult, Sample
 from radixflow.core.branch import Branch
-from radixflow.core.claims import Claims, finishes_now
+from radixflow.core.claims import Claims, finishes_next, finishes_now
 from radixflow.core.policies import Arm, Immediate, PrefixStop, StateReady, get_arm
 from radixflow.core.scheduler import Scheduler
 from radixflow.workloads.trace import Segment, tokens_of
@@ -82,10 +82,11 @@ def test_a_branch_that_finishes_now_passes_a_full_reservation():
 
 
 def test_a_branch_that_stays_is_held_back_until_it_fits():
+    """(b) rows: Q finishes at t+1 (2 tokens) and goes in once a row is left beside C's claim."""
     doc = Segment("doc", 64)
     branches = [Branch("P", 0, tokens_of([doc, Segment("p", 8)]), max_new_tokens=5),
                 Branch("C", 0, tokens_of([doc, Segment("c", 8)]), max_new_tokens=5),
-                Branch("Q", 0, tokens_of([Segment("q", 40)]), max_new_tokens=5)]
+                Branch("Q", 0, tokens_of([Segment("q", 40)]), max_new_tokens=2)]
     for rows, admitted in ((2, ["P"]), (3, ["P", "Q"])):
         s = Scheduler(small_config(max_num_seqs=rows, block_size=16, state_interval=16), STATE_READY, hybrid=True)
         for b in [Branch(b.request_id, 0, b.prompt, max_new_tokens=b.max_new_tokens) for b in branches]:
@@ -94,6 +95,37 @@ def test_a_branch_that_stays_is_held_back_until_it_fits():
         batch = s.schedule(1.0)
         assert [f.branch.request_id for f in batch.fragments] == admitted
         assert batch.stop_reason == (None if rows == 3 else "claim")
+
+
+@pytest.mark.parametrize("q_tokens, prompt_tail, admitted", [
+    (2, 0, True),  # its whole prompt now, one token now and its last at t+1
+    (3, 0, False),  # a decode that outlives t+1: refused though rows, tokens and pages fit
+    (1, 24, True),  # a prompt tail left for t+1 that one chunk takes, then its only token
+    (2, 24, False),  # the same tail, but a decode still to come after t+1
+])
+def test_b_takes_only_a_branch_that_finishes_by_the_next_round(q_tokens, prompt_tail, admitted):
+    """(b) as in the vLLM plugin: admitted past D only if it is done by the end of D's round (t+1);
+    one admitted a round early that runs on would stay a round ahead of the native order."""
+    doc = Segment("doc", 64)
+    cfg = small_config(max_num_seqs=4, block_size=16, state_interval=16,
+                       max_num_batched_tokens=96 + 40 + 16 * bool(prompt_tail))
+    s = Scheduler(cfg, STATE_READY, hybrid=True)
+    q = Branch("Q", 0, tokens_of([Segment("q", 40 + prompt_tail)]), max_new_tokens=q_tokens)
+    for b in (Branch("P", 0, tokens_of([doc, Segment("p", 32)]), max_new_tokens=5),
+              Branch("C", 0, tokens_of([doc, Segment("c", 8)]), max_new_tokens=5), q):
+        s.add(b)
+    s.admit(1.0)
+    batch = s.schedule(1.0)
+    assert batch.deferred == 1
+    frags = {f.branch.request_id: f for f in batch.fragments}
+    assert ("Q" in frags) == admitted
+    if admitted:
+        assert frags["Q"].end < q.num_tokens if prompt_tail else frags["Q"].end == q.num_tokens
+    else:
+        assert batch.stop_reason == "claim"
+        outcome, _, _ = s._check(q, 2, 256)  # without the claim, Q would have been admitted
+        assert outcome.name == "READY"
+    s.check_integrity()
 
 
 def test_kv_reservation_holds_back_what_would_crowd_out_the_consumer():
@@ -117,9 +149,12 @@ def test_kv_reservation_holds_back_what_would_crowd_out_the_consumer():
 def test_claims_arithmetic():
     chunk = lambda start, total, tokens: min(total - start, tokens)  # noqa: E731
     cl = Claims(max_rows=4, max_tokens=100, block_size=10, chunk=chunk)
-    b = Branch("x", 0, tuple(range(30)), max_new_tokens=3)
+    b = Branch("x", 0, tuple(range(30)), max_new_tokens=2)
     assert not finishes_now(b, 30) and not finishes_now(b, 20)
     assert finishes_now(Branch("y", 0, (1, 2), max_new_tokens=1), 2)
+    assert finishes_next(b, 30, 100, chunk) and not finishes_next(b, 20, 100, chunk)
+    assert finishes_next(Branch("t", 0, tuple(range(30))), 20, 100, chunk)  # tail at t+1, its one token
+    assert not finishes_next(Branch("t", 0, tuple(range(300))), 20, 100, chunk)  # tail > T: two chunks
     cl.carry(b, 30)  # decodes at t+1: one row, one token
     assert (cl.rows_next, cl.tokens_next) == (1, 1)
     cl.carry(Branch("z", 0, tuple(range(50))), 20)  # unfinished prefill: its next chunk
@@ -132,6 +167,11 @@ def test_claims_arithmetic():
     cl.defer(Branch("e", 0, tuple(range(45))), 20)
     assert not cl.allows(b, 30, take_pages=0, avail_pages=99, avail_slots=0), "rows: 2 + 1 + 2 > 4"
     assert cl.allows(Branch("f", 0, (1,) * 30, max_new_tokens=1), 30, 99, 0, 0), "(a) needs no room"
+    cl = Claims(max_rows=4, max_tokens=100, block_size=10, chunk=chunk)
+    cl.defer(Branch("d", 0, tuple(range(45))), 20)
+    assert cl.allows(b, 30, take_pages=0, avail_pages=99, avail_slots=0)
+    long = Branch("l", 0, tuple(range(30)), max_new_tokens=3)
+    assert not cl.allows(long, 30, take_pages=0, avail_pages=99, avail_slots=0), "outlives t+1"
 
 
 def test_priority_orders_the_waiting_queue():

@@ -87,6 +87,7 @@ def _drive(branches, arm, cfg, hybrid, per_round=None):
     order = sorted(branches, key=lambda b: b.arrival)
     now, i = 0.0, 0
     ex = _Exec()
+    due: list[tuple[Branch, int]] = []  # admitted past D under (b) the round before: done by now
     for _ in range(10_000):
         if not (i < len(order) or s.has_unfinished):
             break
@@ -107,7 +108,10 @@ def _drive(branches, arm, cfg, hybrid, per_round=None):
         now += res.host_time
         s.complete(batch, res, now)
         s.check_integrity()
+        for b, preemptions in due:
+            assert b.is_finished or b.num_preemptions > preemptions, "a (b) admission outlived round t+1"
         claims = s.claims
+        due = [(b, b.num_preemptions) for b in claims.passed_b] if claims is not None else []
         if claims is not None and claims.reserved_rows:
             # Something that stays was admitted past D_t: the rows D_t had then are still free at t+1.
             assert len(s.running) + claims.reserved_deferred <= cfg.max_num_seqs, "a deferred branch lost its row"

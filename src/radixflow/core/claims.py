@@ -5,7 +5,12 @@ admitted only if
 
 (a) r finishes within round t: its whole remaining prompt is in this round's fragment and it needs
     only the token sampled at the end of it (at t+1 it holds no row, only cached, evictable KV); or
-(b) r fits in what round t+1 leaves after reserving D's needs there:
+(b) r finishes by the end of round t+1 (D's round) and fits in what t+1 leaves after reserving
+    D's needs there:
+    finish  after round t, r has only a prompt tail that one native chunk of T takes, and one token
+            to sample, or exactly one decode token left. One that would run past t+1 is refused even
+            when it fits: admitted a round early, it runs a round ahead of the native order for its
+            whole life (the vLLM plugin's rule, `integrations/vllm/claim.py`; docs/vllm.md);
     rows    rows still running at t+1 (running rows and admitted branches that do not finish now,
             r included) + |D| <= S;
     tokens  those rows' t+1 demand (a decode is 1 token, an unfinished prefill its next chunk) plus
@@ -23,7 +28,7 @@ and pool figures; it holds no reference to the scheduler.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixflow.core.branch import Branch
 
@@ -32,6 +37,16 @@ def finishes_now(b: Branch, end: int) -> bool:
     """True when a fragment of `b` ending at `end` completes it (its last token is sampled now).
     A stop token may finish a branch earlier; that is not known in advance, so it is not counted."""
     return end >= b.num_tokens and len(b.output) + 1 >= b.max_new_tokens
+
+
+def finishes_next(b: Branch, end: int, max_tokens: int, chunk: Callable[[int, int, int], int]) -> bool:
+    """True when `b`, after a fragment ending at `end` in round t, finishes by the end of round t+1:
+    a decode with one token left, or a prompt tail that t+1's native chunk (`chunk` with the whole
+    budget `max_tokens`) takes whole, followed by its last token."""
+    total = b.num_tokens
+    if end >= total:
+        return len(b.output) + 2 >= b.max_new_tokens  # one sampled now, one at t+1
+    return len(b.output) + 1 >= b.max_new_tokens and chunk(end, total, max_tokens) == total - end
 
 
 @dataclass
@@ -51,6 +66,7 @@ class Claims:
     open: bool = True  # False once every t+1 row is claimed: D's sums no longer matter
     reserved_rows: int = 0  # rows_next + |D| at the last non-finishing admission past D (for tests)
     reserved_deferred: int = 0  # |D| then
+    passed_b: list[Branch] = field(default_factory=list)  # admitted under (b): done by the end of t+1 (tests)
 
     @property
     def active(self) -> bool:
@@ -85,6 +101,8 @@ class Claims:
         slots)`: whether that much fits in a shared byte budget (None when pools are separate)."""
         if not self.active or finishes_now(b, end):
             return True  # (a)
+        if not finishes_next(b, end, self.max_tokens, self.chunk):
+            return False  # (b) takes only what finishes in D's round
         if self.rows_next + 1 + self.deferred > self.max_rows:
             return False
         d_tokens = min(self.max_tokens, self.d_tokens)
@@ -98,6 +116,7 @@ class Claims:
             return False
         self.reserved_rows = self.rows_next + 1 + self.deferred
         self.reserved_deferred = self.deferred
+        self.passed_b.append(b)
         return True
 
     def _next_demand(self, b: Branch, end: int) -> int:
