@@ -24,6 +24,17 @@ def _trace(shape, questions: int, stream: str, rate: float, gap: float = 0.0005)
     return [branch_from_record(r) for r in stream_records(qs, stream, "forward", rate, 0, branch_gap=gap)]
 
 
+def _both(model, shape, stream, rate, arm, **cfg):
+    """One small trace through radixflow's scheduler (vllm-align) and through vLLM's."""
+    load_harness()
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8192, snapshot_mode="vllm-align", **cfg)
+    setup = SimSetup(get_spec(model), get_gpu("a800"), cfg, check=True)
+    branches = _trace(shape, 12, stream, rate)
+    ours, _ = run_arm(setup, get_arm(arm), [branches])
+    theirs, runs = vllm_backend.run_vllm_arm(setup, get_arm(arm), [branches])
+    return ours, theirs, runs, branches
+
+
 @pytest.mark.parametrize(("model", "shape", "stream", "rate", "arm"), [
     ("qwen3.5-0.8b", QUALITY, "reuse", 5.0, "radix"),
     ("qwen3.5-0.8b", QUALITY, "cold", 5.0, "radixflow"),
@@ -31,13 +42,7 @@ def _trace(shape, questions: int, stream: str, rate: float, gap: float = 0.0005)
     ("nemotron-nano-9b-v2", RACE_M, "cold", 1.5, "radix+flex"),
 ])
 def test_vllm_align_matches_vllms_scheduler_exactly(model, shape, stream, rate, arm):
-    load_harness()
-    spec = get_spec(model)
-    setup = SimSetup(spec, get_gpu("a800"), SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8192,
-                                                              snapshot_mode="vllm-align"), check=True)
-    branches = _trace(shape, 12, stream, rate)
-    ours, _ = run_arm(setup, get_arm(arm), [branches])
-    theirs, runs = vllm_backend.run_vllm_arm(setup, get_arm(arm), [branches])
+    ours, theirs, runs, _ = _both(model, shape, stream, rate, arm)
     assert 1 < ours.rounds < ours.fragments  # several rounds, several rows each: not a trivial trace
     assert (ours.rounds, ours.tokens, ours.cached_tokens) == (theirs.rounds, theirs.tokens, theirs.cached_tokens)
     if arm.startswith("radix+") or arm == "radix":  # prefix-stop against vLLM native: row for row
@@ -58,13 +63,7 @@ def test_vllm_align_matches_vllms_scheduler_exactly(model, shape, stream, rate, 
 def test_partial_hits_match_vllms_scheduler_with_the_same_prefix_match_unit(model, shape, stream, rate, arm):
     # --prefix-match-unit 16 on both sides: the tail-boundary stop gives about two rows per branch, hits
     # land on 16-token boundaries inside a block, and the producer's copy-on-write defers its siblings.
-    load_harness()
-    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8192, snapshot_mode="vllm-align",
-                          prefix_match_unit=16)
-    setup = SimSetup(get_spec(model), get_gpu("a800"), cfg, check=True)
-    branches = _trace(shape, 12, stream, rate)
-    ours, _ = run_arm(setup, get_arm(arm), [branches])
-    theirs, _ = vllm_backend.run_vllm_arm(setup, get_arm(arm), [branches])
+    ours, theirs, _, branches = _both(model, shape, stream, rate, arm, prefix_match_unit=16)
     assert ours.fragments > 1.5 * len(branches)  # the tail cut: more than one row for most branches
     assert ours.cached_tokens % 16 == 0 and ours.cached_tokens > 0
     assert (ours.rounds, ours.tokens, ours.cached_tokens) == (theirs.rounds, theirs.tokens, theirs.cached_tokens)
