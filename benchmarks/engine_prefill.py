@@ -12,30 +12,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from radixflow.engine.loader import load_model  # noqa: E402
 from radixflow.engine.models import RowInput  # noqa: E402
 from radixflow.engine.tiny import TINY_MODELS, ensure_tiny_model  # noqa: E402
+from timing import timed_pair  # noqa: E402
 
 BLOCK = 16
-
-
-def timed_pair(fn_a, fn_b, repeat: int) -> tuple[float, float]:
-    """Best-of-`repeat` seconds of two functions, runs interleaved so both see the same machine load."""
-    fn_a(), fn_b()  # warm-up
-    a, b = [], []
-    for _ in range(repeat):
-        for fn, times in ((fn_a, a), (fn_b, b)):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    return min(a), min(b)  # min, not median: the least disturbed run on a shared machine
 
 
 def make_rows(seqs: list[list[int]]) -> tuple[list[RowInput], int]:

@@ -14,30 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from radixflow.engine.llm import LLM  # noqa: E402
 from radixflow.engine.sampling import RowContext, Sampler, SamplingParams  # noqa: E402
 from radixflow.engine.structured import GrammarSpec, GrammarState  # noqa: E402
+from timing import timed_pair  # noqa: E402
 
 SCHEMA = {"type": "array", "items": {"type": "boolean"}, "minItems": 1000}
-
-
-def best_pair(fn_a, fn_b, repeat: int) -> tuple[float, float]:
-    """Best-of-`repeat` seconds of two functions, interleaved so both see the same machine load."""
-    fn_a(), fn_b()
-    a, b = [], []
-    for _ in range(repeat):
-        for fn, times in ((fn_a, a), (fn_b, b)):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    return min(a), min(b)
 
 
 def main() -> None:
@@ -61,7 +50,7 @@ def main() -> None:
             assert all(len(o.outputs[0].token_ids) == args.tokens for o in outs)
         return go
 
-    t_plain, t_grammar = best_pair(run(plain), run(constrained), args.repeat)
+    t_plain, t_grammar = timed_pair(run(plain), run(constrained), args.repeat)
     n = args.rows * args.tokens
     print(f"engine, {args.model}, {args.rows} rows x {args.tokens} tokens")
     print(f"  plain    {n / t_plain:9.1f} tok/s")
@@ -86,7 +75,7 @@ def main() -> None:
                         states[i].accept(t)
         return go
 
-    s_plain, s_grammar = best_pair(sample(False), sample(True), args.repeat)
+    s_plain, s_grammar = timed_pair(sample(False), sample(True), args.repeat)
     print(f"sampler only, vocab {vocab}")
     print(f"  plain    {n / s_plain:9.1f} tok/s")
     print(f"  grammar  {n / s_grammar:9.1f} tok/s   ratio grammar/plain = {s_plain / s_grammar:.3f}")
