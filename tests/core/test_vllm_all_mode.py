@@ -3,8 +3,12 @@ cut, the state is kept at every block boundary a row crosses, and hits land on t
 
 from __future__ import annotations
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_scheduler_properties import workloads
 from test_vllm_split import B, _Unit
 
+from factories import small_config
 from radixflow.config import SchedulerConfig
 from radixflow.core.branch import Branch
 from radixflow.core.loop import run_trace
@@ -59,3 +63,22 @@ def test_siblings_hit_the_block_and_wait_while_it_is_written():
     sched, frags = _run(together(), arm="radixflow")
     assert [f[:3] for f in frags] == [(("a", 0), 0, 153), (("c", 0), 0, 30), (("b", 0), 128, 25)]
     assert sched.rounds[0].rows == 2
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.integers(1, 5), st.sampled_from([16, 32, 48, 100]), st.sampled_from([64, 4096]),
+       st.sampled_from(["radix", "radix+flex", "radixflow"]))
+def test_all_mode_finishes_everything_and_snapshots_only_block_boundaries(branches, rows, tokens, pages, arm):
+    cfg = small_config(max_num_seqs=rows, max_num_batched_tokens=tokens, block_size=16, state_interval=16,
+                       num_kv_pages=pages, snapshot_mode="vllm-align", vllm_version="0.29", mamba_cache_mode="all")
+    sched = Scheduler(cfg, get_arm(arm), hybrid=True)
+
+    def hook(s, batch):
+        s.check_integrity()
+        for f in batch.fragments:
+            assert f.num_tokens >= 1
+            # every state written but the row's working state sits on a block boundary the row crossed
+            assert all((f.start + d) % 16 == 0 and f.start < f.start + d <= f.end for d, _ in f.state_out[:-1])
+
+    run_trace(sched, _Unit(), branches, on_round=hook)
+    assert len(sched.finished) == len(branches) and sched.holds_nothing()
