@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 SNAPSHOT_MODES = ("every-boundary", "chunk-end", "vllm-align")
+VLLM_VERSIONS = ("0.33", "0.29")  # vllm-align: the installed vLLM; the paper's (spec/vllm_align.py)
+MAMBA_CACHE_MODES = ("align", "all")
 CHECKPOINT_MODES = ("boundary", "branch")
 
 
@@ -37,6 +39,12 @@ class SchedulerConfig:
     prefix_match_unit: int = _opt(0, "vllm-align: vLLM's --prefix-match-unit (hash block) in tokens; 0 = the block "
                                      "(vLLM's default: no partial hits). A finer unit that divides the block turns "
                                      "on partial hits and the tail-boundary stop (core/partial_hits.py)")
+    vllm_version: str = _opt("0.33", "vllm-align: whose rules: '0.33' (installed) or '0.29' (the paper's: no layer "
+                                     "exports a checkpoint inside a chunk, so every hybrid prompt's last chunk is "
+                                     "cut; --mamba-cache-mode all exists; docs/simulator.md)")
+    mamba_cache_mode: str = _opt("align", "vllm-align: vLLM's --mamba-cache-mode. 'all' (with --vllm-version 0.29): "
+                                          "a Mamba-2 model keeps the state at every block boundary, no split, "
+                                          "hits on its block; a GDN model falls back to 'align', as vLLM does")
     checkpoints: str = _opt("boundary", "hybrid models: 'boundary' snapshots state only at interval/block "
                                         "boundaries and a finished branch's last page; 'branch' also at the "
                                         "exact depth where a known branch diverges (a sibling, a waiting branch, "
@@ -78,6 +86,17 @@ class SchedulerConfig:
         if self.prefix_match_unit < 0 or (self.prefix_match_unit and self.snapshot_mode != "vllm-align"):
             raise ValueError(f"--prefix-match-unit {self.prefix_match_unit}: vLLM's hash block, used only with "
                              f"--snapshot-mode vllm-align (0 = the block)")
+        if self.vllm_version not in VLLM_VERSIONS:
+            raise ValueError(f"unknown --vllm-version {self.vllm_version!r}; choose from {', '.join(VLLM_VERSIONS)}")
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise ValueError(f"unknown --mamba-cache-mode {self.mamba_cache_mode!r}; choose from "
+                             f"{', '.join(MAMBA_CACHE_MODES)}")
+        if (self.vllm_version, self.mamba_cache_mode) != ("0.33", "align") and self.snapshot_mode != "vllm-align":
+            raise ValueError(f"--vllm-version {self.vllm_version} / --mamba-cache-mode {self.mamba_cache_mode}: "
+                             "vLLM's rules, used only with --snapshot-mode vllm-align")
+        if self.mamba_cache_mode == "all" and self.vllm_version != "0.29":
+            raise ValueError("--mamba-cache-mode all: vLLM 0.33 has no 'all' mode (MambaCacheMode is 'align' | "
+                             "'none' in vllm/config/cache.py); use it with --vllm-version 0.29")
         if self.checkpoints not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {self.checkpoints!r}; choose from {', '.join(CHECKPOINT_MODES)}")
         if self.checkpoint_wait != "grid" and not (self.checkpoint_wait.isdigit() and int(self.checkpoint_wait) > 0):

@@ -74,6 +74,34 @@ def test_partial_hits_match_vllms_scheduler_with_the_same_prefix_match_unit(mode
         assert ours.fragments == pytest.approx(theirs.fragments, rel=0.03)
 
 
+@pytest.mark.parametrize(("shape", "stream", "rate", "arm"), [
+    (QUALITY, "cold", 1.5, "radix"),
+    (RACE_M, "reuse", 1.5, "radix"),
+    (QUALITY, "reuse", 0.0, "radixflow"),
+])
+def test_vllm_029_rules_match_vllms_scheduler_without_the_checkpoint_export(shape, stream, rate, arm):
+    # --vllm-version 0.29 on Nemotron-H: no Mamba-2 checkpoint export, so its last chunk is cut as
+    # Qwen3.5's; vLLM's scheduler gets the same (MambaSpec.num_prefill_checkpoint_blocks = 0).
+    ours, theirs, _, branches = _both("nemotron-nano-9b-v2", shape, stream, rate, arm, vllm_version="0.29")
+    assert (ours.rounds, ours.tokens, ours.cached_tokens) == (theirs.rounds, theirs.tokens, theirs.cached_tokens)
+    if arm == "radix":
+        assert ours.fragments == theirs.fragments
+        assert ours.host_time == pytest.approx(theirs.host_time)
+    else:
+        assert ours.fragments == pytest.approx(theirs.fragments, rel=0.03)
+    if shape is QUALITY:  # articles past the 1,312-token block: the cut adds rows 0.33's export saves
+        default, _, _, _ = _both("nemotron-nano-9b-v2", shape, stream, rate, arm)
+        assert ours.fragments > default.fragments
+
+
+def test_vllm_backend_refuses_029_all_mode():
+    load_harness()
+    cfg = SchedulerConfig(snapshot_mode="vllm-align", vllm_version="0.29", mamba_cache_mode="all")
+    setup = SimSetup(get_spec("nemotron-nano-9b-v2"), get_gpu("a800"), cfg)
+    with pytest.raises(ValueError, match="no 'all' Mamba cache mode"):
+        vllm_backend.run_vllm_arm(setup, get_arm("radix"), [_trace(QUALITY, 2, "cold", 1.5)])
+
+
 def test_vllm_backend_refuses_the_fragment_arm():
     load_harness()
     setup = SimSetup(get_spec("qwen3.5-0.8b"), get_gpu("a800"), SchedulerConfig(snapshot_mode="vllm-align"))

@@ -87,3 +87,36 @@ def test_experiment_cli_refuses_branch_checkpoints_on_vllms_scheduler(tmp_path, 
     args = _quick_args(tmp_path, "qwen3.5-4b", "radixflow")
     assert main([*args, "--checkpoints", "branch", "--scheduler", "vllm"]) == 2
     assert "--checkpoints branch" in capsys.readouterr().err
+
+
+def test_experiment_cli_takes_vllm_029_rules_for_every_model(tmp_path, capsys):
+    import json
+
+    args = _quick_args(tmp_path, "nemotron-nano-9b-v2", "radix")
+    cell = tmp_path / "cells" / "qa__nemotron-nano-9b-v2__radix__cold__forward.json"
+    assert main(args) == 0
+    meta = json.loads(cell.read_text())["meta"]
+    assert "vllm_version" not in meta["fingerprint"] and meta["mamba_cache_mode"] == "align"
+    capsys.readouterr()
+    assert main([*args, "--vllm-version", "0.29", "--mamba-cache-mode", "all", "--prefix-match-unit", "16"]) == 0
+    assert "1 cells run" in capsys.readouterr().out  # the 0.29 rules: a new fingerprint, rerun
+    meta = json.loads(cell.read_text())["meta"]
+    assert (meta["fingerprint"]["vllm_version"], meta["fingerprint"]["mamba_cache_mode"]) == ("0.29", "all")
+    # Nemotron-H keeps 'all': its chunk-aligned block, and vLLM's hash block backs off to it
+    assert (meta["mamba_cache_mode"], meta["block_size"], meta["prefix_match_unit"]) == ("all", 1408, 1408)
+    assert main([*args, "--mamba-cache-mode", "all"]) == 2  # vLLM 0.33 has no 'all' mode: one line
+    assert "vLLM 0.33 has no 'all' mode" in capsys.readouterr().err
+
+
+def test_simulate_records_the_vllm_rules_it_used(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "r.json"
+    args = ["simulate", "--model", "qwen3.5-0.8b", "--snapshot-mode", "vllm-align", "--questions", "2",
+            "--stream", "cold", "--order", "forward", "--policy", "radix", "--json", str(out)]
+    assert main([*args, "--vllm-version", "0.29", "--mamba-cache-mode", "all"]) == 0
+    meta = json.loads(out.read_text())["meta"]
+    assert (meta["vllm_version"], meta["mamba_cache_mode"], meta["block_size"]) == ("0.29", "align", 544)
+    plain = [a for a in args if a not in ("--snapshot-mode", "vllm-align")]
+    assert main([*plain, "--vllm-version", "0.29"]) == 2  # every-boundary: vLLM's rules need vllm-align
+    assert "only with --snapshot-mode vllm-align" in capsys.readouterr().err

@@ -10,7 +10,13 @@ import pytest
 
 from radixflow.spec import PRESETS, get_spec
 from radixflow.spec.model_spec import ATTN, LINEAR, MAMBA, MLP, ModelSpec
-from radixflow.spec.vllm_align import exports_prefill_checkpoint, vllm_block_size, vllm_geometry
+from radixflow.spec.vllm_align import (
+    exports_prefill_checkpoint,
+    resolve_mamba_cache_mode,
+    supports_all_mode,
+    vllm_block_size,
+    vllm_geometry,
+)
 
 PAPER_BLOCKS = {  # issue 11: what vLLM 0.33 derives on an A800 (fp32 SSM state; bf16 for Qwen3.5)
     "qwen3.5-0.8b": (544, 288), "qwen3.5-4b": (528, 272), "qwen3.5-9b": (528, 272),
@@ -159,3 +165,57 @@ def test_block_size_equals_vllms(name, dtype, tmp_path):
 
 def test_linear_and_mamba_kinds_exist():
     assert {LINEAR, MAMBA} <= {k for s in PRESETS.values() for k in s.layers}
+
+
+# ---------------------------------------------------------------- vLLM 0.29, the paper's version
+def test_in_029_no_layer_kind_exports_a_checkpoint_inside_the_chunk():
+    # Mamba-2's export came with vLLM PR #57329 (after v0.29.0); GDN's FlashInfer one likewise later.
+    for name in ("nemotron-nano-9b-v2", "qwen3.5-4b"):
+        for gpu in ("a800", "h100"):
+            assert not exports_prefill_checkpoint(PRESETS[name], gpu, "0.29")
+    g = vllm_geometry(PRESETS["nemotron-nano-9b-v2"], version="0.29")
+    assert (g.block_size, g.hash_block_size, g.internal_checkpoint, g.mamba_cache_mode) == (1312, 1312, False, "align")
+    # no FlashInfer checkpoint, so no 64-token alignment of the block on a Hopper either
+    assert vllm_block_size(PRESETS["qwen3.5-0.8b"], "h100") == 576
+    assert vllm_block_size(PRESETS["qwen3.5-0.8b"], "h100", version="0.29") == 544
+    with pytest.raises(ValueError, match="unknown --vllm-version"):
+        vllm_geometry(PRESETS["qwen3.5-0.8b"], version="0.28")
+
+
+def test_all_mode_keeps_mamba2_and_sends_gdn_back_to_align():
+    nemotron, qwen = PRESETS["nemotron-nano-9b-v2"], PRESETS["qwen3.5-0.8b"]
+    assert supports_all_mode(nemotron) and not supports_all_mode(qwen)
+    # "all": the block is a multiple of the SSD chunk (128) holding one state page (1,298 tokens' worth)
+    g = vllm_geometry(nemotron, version="0.29", mamba_cache_mode="all", prefix_match_unit=16)
+    assert (g.block_size, g.hash_block_size, g.internal_checkpoint, g.mamba_cache_mode) == (1408, 1408, False, "all")
+    assert not g.partial_hits  # vLLM backs --prefix-match-unit off to the block outside align mode
+    assert vllm_geometry(nemotron, version="0.29", mamba_cache_mode="all", prefix_match_unit=100).block_size == 1408
+    # a GDN model asked for "all" runs in align, and keeps its partial hits
+    g = vllm_geometry(qwen, version="0.29", mamba_cache_mode="all", prefix_match_unit=16)
+    assert (g.block_size, g.hash_block_size, g.mamba_cache_mode) == (544, 16, "align")
+    assert resolve_mamba_cache_mode(PRESETS["qwen3-8b"], "all", "0.29") == "align"
+    with pytest.raises(ValueError, match="vLLM 0.33 has no 'all' mode"):
+        vllm_geometry(nemotron, mamba_cache_mode="all")
+
+
+def test_all_mode_block_follows_the_configs_chunk_size(tmp_path):
+    cfg = hf_config(PRESETS["nemotron-nano-9b-v2"], "float32")
+    for chunk, want in ((None, 1408), (128, 1408), (256, 1536)):
+        if chunk is not None:
+            cfg["chunk_size"] = chunk
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        spec = get_spec(str(tmp_path))
+        assert spec.mamba_chunk_size == (chunk or 128)
+        assert vllm_block_size(spec, version="0.29", mode="all") == want
+
+
+def test_the_config_refuses_0_29_rules_outside_vllm_align_and_all_mode_on_0_33():
+    from radixflow.config import SchedulerConfig
+
+    SchedulerConfig(snapshot_mode="vllm-align", vllm_version="0.29", mamba_cache_mode="all").validate()
+    with pytest.raises(ValueError, match="only with --snapshot-mode vllm-align"):
+        SchedulerConfig(vllm_version="0.29").validate()
+    with pytest.raises(ValueError, match="no 'all' mode"):
+        SchedulerConfig(snapshot_mode="vllm-align", mamba_cache_mode="all").validate()
+    with pytest.raises(ValueError, match="unknown --mamba-cache-mode"):
+        SchedulerConfig(snapshot_mode="vllm-align", mamba_cache_mode="none").validate()

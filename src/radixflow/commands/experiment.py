@@ -12,7 +12,14 @@ import os
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from radixflow.commands.common import positive_int
-from radixflow.config import CHECKPOINT_MODES, SNAPSHOT_MODES, SchedulerConfig, help_of
+from radixflow.config import (
+    CHECKPOINT_MODES,
+    MAMBA_CACHE_MODES,
+    SNAPSHOT_MODES,
+    VLLM_VERSIONS,
+    SchedulerConfig,
+    help_of,
+)
 from radixflow.core.policies import ARMS
 from radixflow.integrations.vllm.sim_backend import SCHEDULERS, arm_runner
 from radixflow.report.experiment import PRESETS, preset, run_experiment, sim_setup
@@ -69,6 +76,10 @@ def add_arguments(p) -> None:
     p.add_argument("--prefix-match-unit", type=int, default=None,
                    help=help_of(SchedulerConfig, "prefix_match_unit") + "; for every model (default: 0, "
                         "the block: vLLM 0.33's default)")
+    p.add_argument("--vllm-version", default=None, choices=VLLM_VERSIONS,
+                   help=help_of(SchedulerConfig, "vllm_version") + "; for every model (default: 0.33)")
+    p.add_argument("--mamba-cache-mode", default=None, choices=MAMBA_CACHE_MODES,
+                   help=help_of(SchedulerConfig, "mamba_cache_mode") + "; for every model (default: align)")
     p.add_argument("--scheduler", default="radixflow", choices=SCHEDULERS,
                    help="radixflow: radixflow's scheduler; vllm: vLLM 0.33's own Scheduler (the 'vllm' extra; "
                         "the radixflow+frag arm has no vLLM counterpart and is left out)")
@@ -100,6 +111,13 @@ def grid_from_args(args):
         if args.branch_gap < 0:
             raise ValueError(f"--branch-gap must be >= 0, got {args.branch_gap}")
         grid.branch_gap = args.branch_gap
+    if args.vllm_version:
+        grid.vllm_version = args.vllm_version
+    if args.mamba_cache_mode:
+        grid.mamba_cache_mode = args.mamba_cache_mode
+    if args.vllm_version or args.mamba_cache_mode:  # one clear line now, not one per cell
+        SchedulerConfig(snapshot_mode=grid.snapshot_mode, vllm_version=grid.vllm_version,
+                        mamba_cache_mode=grid.mamba_cache_mode).validate()
     if args.prefix_match_unit is not None:
         if args.prefix_match_unit < 0:
             raise ValueError(f"--prefix-match-unit must be >= 0 (0: the block), got {args.prefix_match_unit}")

@@ -17,7 +17,7 @@ from radixflow.commands.common import (
     write_json,
 )
 from radixflow.commands.sessions import SESSION_WORKLOADS, add_session_flags, simulate_cli
-from radixflow.config import SchedulerConfig, help_of
+from radixflow.config import MAMBA_CACHE_MODES, VLLM_VERSIONS, SchedulerConfig, help_of
 from radixflow.core.policies import parse_arms
 from radixflow.integrations.vllm.sim_backend import SCHEDULERS, arm_runner
 from radixflow.sim.cost_model import GPUS, get_gpu
@@ -38,6 +38,10 @@ def add_arguments(p) -> None:
     p.add_argument("--check", action="store_true", help="check_integrity() after every round (slow)")
     p.add_argument("--prefix-match-unit", type=int, default=0,
                    help="vllm-align: " + help_of(SchedulerConfig, "prefix_match_unit"))
+    p.add_argument("--vllm-version", default="0.33", choices=VLLM_VERSIONS,
+                   help=help_of(SchedulerConfig, "vllm_version"))
+    p.add_argument("--mamba-cache-mode", default="align", choices=MAMBA_CACHE_MODES,
+                   help=help_of(SchedulerConfig, "mamba_cache_mode"))
     p.add_argument("--scheduler", default="radixflow", choices=SCHEDULERS,
                    help="radixflow: radixflow's own scheduler; vllm: vLLM 0.33's real Scheduler (the 'vllm' "
                         "extra) with stand-in model outputs, native for radix* arms, the state-ready plugin "
@@ -53,6 +57,8 @@ def run(args) -> int:
     arms = parse_arms(args.policy)
     cfg = scheduler_config(args, spec.name)
     cfg.prefix_match_unit = args.prefix_match_unit
+    cfg.vllm_version, cfg.mamba_cache_mode = args.vllm_version, args.mamba_cache_mode
+    cfg.validate()
     if args.scheduler == "vllm" and cfg.checkpoints != "boundary":
         raise ValueError(f"--checkpoints {cfg.checkpoints} is radixflow's scheduler only: vLLM's own Scheduler "
                          "(--scheduler vllm) caches state at its block boundaries")
@@ -82,6 +88,7 @@ def run(args) -> int:
                 "max_num_batched_tokens": cfg.max_num_batched_tokens, "block_size": used.block_size,
                 "state_interval": used.state_interval, "snapshot_mode": used.snapshot_mode,
                 "internal_checkpoint": used.internal_checkpoint, "prefix_match_unit": used.prefix_match_unit,
+                "vllm_version": used.vllm_version, "mamba_cache_mode": used.mamba_cache_mode,
                 "scheduler": args.scheduler,
                 "branch_gap": getattr(args, "branch_gap", 0.0), "seed": args.seed, "wall_time": wall}
         write_json(args.json_path, arms_payload(results, meta))

@@ -97,7 +97,10 @@ class Scheduler:
         self.partial_hits = self.vllm_align and self.unit < config.block_size
         if self.vllm_align and config.block_size % self.unit:
             raise ValueError(f"--prefix-match-unit {self.unit} must divide the {config.block_size}-token block")
-        self.chunk_end = hybrid and config.snapshot_mode in ("chunk-end", "vllm-align")
+        # vLLM 0.29's --mamba-cache-mode all (Mamba-2 only): no split, a state at every block boundary
+        # crossed, hits on the block; the every-boundary path does it, never cutting a chunk (_chunk)
+        self.vllm_all = self.vllm_align and config.mamba_cache_mode == "all"
+        self.chunk_end = hybrid and config.snapshot_mode in ("chunk-end", "vllm-align") and not self.vllm_all
         self.branch_points = (BranchPoints(config.block_size, self.interval, min(64, config.state_interval // 2),
                                            None if config.checkpoint_wait == "grid" else int(config.checkpoint_wait))
                               if hybrid and config.checkpoints == "branch" else None)
@@ -741,6 +744,8 @@ class Scheduler:
         state is cached (vLLM's align mode); the tail runs in a later round. vllm-align applies
         vLLM's own split (core/vllm_split.py)."""
         n = min(total - start, tokens)
+        if self.vllm_all:  # need_mamba_block_aligned_split is align-only: vLLM takes what the budget gives
+            return max(n, 0)
         if self.vllm_align and b is not None:
             return aligned_split(start, max(n, 0), b.prompt_len, total, self.interval,
                                  self.config.max_num_batched_tokens, self.config.internal_checkpoint, junction,

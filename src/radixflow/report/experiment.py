@@ -83,6 +83,10 @@ class Grid:
     # vllm-align: vLLM's --prefix-match-unit for every model (0 = the block B, vLLM 0.33's default: no
     # partial hits; one rule for every model, docs/simulator.md "Partial hits"); none outside vllm-align
     prefix_match_unit: int = 0
+    # vllm-align: whose rules (SchedulerConfig.vllm_version, .mamba_cache_mode) for every model; the
+    # defaults are vLLM 0.33's, the paper ran 0.29 (docs/simulator.md "What vLLM 0.29 did")
+    vllm_version: str = "0.33"
+    mamba_cache_mode: str = "align"
     budgets: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(paper.BUDGETS))
 
     def unit_of(self, model: str) -> int:
@@ -112,6 +116,8 @@ class Grid:
             fp.update(branch_gap=self.branch_gap, scheduler=self.scheduler)
             if self.unit_of(cell.model):  # absent at 0, so cells run before the field keep their fingerprint
                 fp.update(prefix_match_unit=self.unit_of(cell.model))
+            if (self.vllm_version, self.mamba_cache_mode) != ("0.33", "align"):  # absent at the defaults, likewise
+                fp.update(vllm_version=self.vllm_version, mamba_cache_mode=self.mamba_cache_mode)
         if cell.kind == "qa":
             fp.update(
                 questions=self.questions,
@@ -138,6 +144,7 @@ def sim_setup(grid: Grid, model: str, budgets: tuple[int, int], hook=None) -> Si
     spec = get_spec(model)
     cfg = SchedulerConfig(max_num_seqs=budgets[0], max_num_batched_tokens=budgets[1], snapshot_mode=grid.snapshot_mode,
                           prefix_match_unit=grid.unit_of(model), checkpoints=grid.checkpoints,
+                          vllm_version=grid.vllm_version, mamba_cache_mode=grid.mamba_cache_mode,
                           checkpoint_wait=grid.checkpoint_wait)
     cfg.validate()
     return SimSetup(spec, get_gpu(grid.gpu), cfg, round_hook=hook)
@@ -181,6 +188,8 @@ def _qa_cell(grid: Grid, cell: Cell) -> dict:
             "branch_gap": grid.branch_gap,
             "scheduler": grid.scheduler,
             "prefix_match_unit": setup.scheduler_config().prefix_match_unit,
+            "vllm_version": grid.vllm_version,
+            "mamba_cache_mode": setup.scheduler_config().mamba_cache_mode,
         },
         "arms": [arm],
     }
@@ -204,7 +213,8 @@ def _figure1_cell(grid: Grid, cell: Cell) -> dict:
 
     budgets = (FIGURE1_BUDGETS["max_num_seqs"], FIGURE1_BUDGETS["max_num_batched_tokens"])
     # The toy instance fixes its own boundaries (SPEC §11), whatever mode the grid runs in.
-    setup = sim_setup(replace(grid, snapshot_mode="every-boundary", checkpoints="boundary", prefix_match_unit=0),
+    setup = sim_setup(replace(grid, snapshot_mode="every-boundary", checkpoints="boundary", prefix_match_unit=0,
+                              vllm_version="0.33", mamba_cache_mode="align"),
                       cell.model, budgets, hook)
     vocab = setup.spec.vocab_size
     m, _ = run_arm(setup, get_arm(cell.arm), [[branch_from_record(r, "figure1", vocab) for r in figure1_records()]])

@@ -33,6 +33,7 @@ class ModelSpec:
     mamba_head_dim: int = 0
     mamba_state: int = 0
     mamba_groups: int = 0
+    mamba_chunk_size: int = 0  # the SSD kernel's chunk (config `chunk_size`); vLLM 0.29's "all" mode aligns to it
     dtype_bytes: int = 2
     state_dtype_bytes: int = 2  # recurrent states in the model dtype (vLLM's default 'auto')
     mlp_per_layer: bool = True  # Qwen-style blocks: every attention/linear layer is followed by an MLP
@@ -155,7 +156,8 @@ PRESETS: dict[str, ModelSpec] = {
                                      layers=_nemotron_layers(NEMOTRON_NANO_9B_V2_PATTERN), hidden_size=4480,
                                      intermediate_size=15680, vocab_size=131072, num_heads=40,
                                      num_kv_heads=8, head_dim=128, mamba_heads=128, mamba_head_dim=80,
-                                     mamba_state=128, mamba_groups=8, conv_kernel=4, mlp_per_layer=False),
+                                     mamba_state=128, mamba_groups=8, mamba_chunk_size=128, conv_kernel=4,
+                                     mlp_per_layer=False),
     "qwen3-8b": ModelSpec("qwen3-8b", "qwen3", layers=(ATTN,) * 36, hidden_size=4096, intermediate_size=12288,
                           vocab_size=151936, num_heads=32, num_kv_heads=8, head_dim=128),
 }
@@ -241,6 +243,8 @@ def spec_from_hf_config(cfg: dict, name: str = "model") -> ModelSpec:
                          mamba_heads=need("mamba_num_heads"), mamba_head_dim=need("mamba_head_dim"),
                          mamba_state=need("ssm_state_size"),
                          mamba_groups=cfg.get("mamba_n_groups", cfg.get("n_groups", 8)),
+                         # vLLM's get_mamba_chunk_size: `mamba_chunk_size`, else `chunk_size` (default 128)
+                         mamba_chunk_size=int(cfg.get("mamba_chunk_size") or cfg.get("chunk_size") or 128),
                          conv_kernel=cfg.get("mamba_d_conv", cfg.get("conv_kernel", 4)), mlp_per_layer=False,
                          mamba_ssm_dtype=str(cfg.get("mamba_ssm_cache_dtype") or "auto"), **common)
     if mt in ("qwen3", "llama"):

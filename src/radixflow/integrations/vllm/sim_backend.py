@@ -232,6 +232,9 @@ def run_vllm_arm(setup, arm: Arm, workloads: list[list[Branch]],
     h = _harness()
     cfg = setup.scheduler_config()
     hybrid = setup.spec.is_hybrid
+    if cfg.mamba_cache_mode == "all":
+        raise ValueError(f"--scheduler vllm runs vLLM 0.33, which has no 'all' Mamba cache mode ({setup.spec.name} "
+                         "would run in it under --vllm-version 0.29); use radixflow's scheduler for it")
     # radixflow's unified pool in vLLM's units: a block is one KV page; a snapshot takes one block per
     # state group (its slot bytes are sized so, spec.vllm_align.vllm_slot_bytes).
     blocks = cfg.cache_memory_bytes // cfg.kv_page_bytes if cfg.cache_memory_bytes and cfg.kv_page_bytes \
