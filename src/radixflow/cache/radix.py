@@ -164,7 +164,7 @@ class RadixIndex:
         """Deepest snapshot boundary on the matched path at or below min(ĥ, limit)."""
         depth = m.depth if limit is None else min(m.depth, limit)
         node = m.node
-        while node is not None and not node.is_root:
+        while node is not None and node.parent is not None:
             snap = node.snapshot
             if snap is not None and node.depth <= depth:
                 if snap.published:
@@ -206,12 +206,12 @@ class RadixIndex:
         assert num_pages * self.block_size <= m.depth
         if num_pages == 0:
             return []
-        node = m.node
-        while node.start >= num_pages * self.block_size:
+        node, bs = m.node, self.block_size
+        while node.depth - len(node.key) >= num_pages * bs:
             node = node.parent
-        chunks = [node.pages[: num_pages - node.start // self.block_size]]
+        chunks = [node.pages[: num_pages - (node.depth - len(node.key)) // bs]]
         node = node.parent
-        while node is not None and not node.is_root:
+        while node is not None and node.parent is not None:  # up to the root (inlined `is_root`)
             chunks.append(node.pages)
             node = node.parent
         out: list[int] = []
@@ -383,6 +383,15 @@ class RadixIndex:
             if node.lock_ref == 0:
                 self.num_locked_pages += len(node.pages)
             node.lock_ref += 1
+            node = node.parent
+
+    def lock_touched(self, node: Node | None, now: float) -> None:
+        """`lock(node)` and `touch(node, now)` in one walk up the path (a hit that a row now holds)."""
+        while node is not None and node.parent is not None:
+            if node.lock_ref == 0:
+                self.num_locked_pages += len(node.pages)
+            node.lock_ref += 1
+            node.last_access = now
             node = node.parent
 
     def relock(self, old: Node | None, new: Node) -> None:
@@ -570,7 +579,7 @@ class RadixIndex:
         return float("inf")
 
     def _published_below(self, node: Node | None, depth: int) -> int:
-        while node is not None and not node.is_root:
+        while node is not None and node.parent is not None:
             if node.snapshot is not None and node.snapshot.published and node.depth <= depth:
                 return node.depth
             node = node.parent

@@ -483,9 +483,8 @@ class Scheduler:
         tr.junction = self._junction(plan.match, start) if self.vllm_align else 0
         if start:
             node = plan.match.node
-            self.index.lock(node)
+            self.index.lock_touched(node, now)
             tr.node = node
-            self.index.touch(node, now)
             tr.page_table = self.index.pages_upto(plan.match, start // self.block_size)
         tr.level = 0
         state_in = None
@@ -596,7 +595,7 @@ class Scheduler:
             # snapshot (a 1-token branch holds that slot for one round only).
             page_end = end // self.block_size * self.block_size
             if end >= b.prompt_len and page_end > start and page_end % self.interval:
-                if tr.rolling is None and self._ensure_slots(1):
+                if tr.rolling is None and self._ensure(0, 1):
                     tr.rolling = self.slots.allocate_one()
                 if tr.rolling is not None:
                     out.append((page_end - start, tr.rolling))
@@ -618,7 +617,7 @@ class Scheduler:
         """A pending snapshot at `depth` written by this row, unless one exists or no slot can be had."""
         tr: _Track = b.sched
         node = self.index.node_after(tr.hashes, depth // self.block_size)  # registered by _place
-        if node.snapshot is not None or not self._ensure_slots(1):
+        if node.snapshot is not None or not self._ensure(0, 1):
             return
         slot = self.slots.allocate_one()
         snap = self.index.attach_snapshot(node, slot, b.uid, now)
