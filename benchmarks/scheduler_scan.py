@@ -10,7 +10,8 @@ Prints ms per round (mean over --rounds rounds; the fan's first round is the all
 placed per round (vLLM / prefix-stop / state-ready) for the core's two rules and for vLLM's native
 scheduler driven the same way (no model: a stand-in output
 gives one token per finished prefill, `radixflow.integrations.vllm.cpu_harness`), and the ratios,
-measured side by side in one run. Without vLLM installed it prints the core's figures only.
+measured side by side in one run: the three take turns, repeat by repeat, and each keeps its minimum
+per round (`--repeat`). Without vLLM installed it prints the core's figures only.
 Arrival hashing (`Scheduler.add`, like vLLM's request block hasher) is outside the timed region on both
 sides; its cost per branch is printed once. Times are the process's CPU time (`time.process_time`),
 steadier than wall time on shared cores; torch runs on one thread.
@@ -101,17 +102,28 @@ def vllm_rounds(prompts, rounds: int) -> list[float] | None:
 
 def best_of(repeat: int, run, *args) -> list[float] | None:
     """Per-round minimum over `repeat` fresh runs, garbage collection off while timing (as timeit)."""
-    runs = []
+    return interleaved(repeat, [(run, args)])[0]
+
+
+def interleaved(repeat: int, runs) -> list[list[float] | None]:
+    """`best_of` for several (run, args) at once, taking turns: repeat k of every run happens before
+    repeat k+1 of any, so a load change on the shared machine falls on all of them alike."""
+    got: list[list[list[float]] | None] = [[] for _ in runs]
     for _ in range(repeat):
-        gc.collect()
-        gc.disable()
-        try:
-            runs.append(run(*args))
-        finally:
-            gc.enable()
-    if runs[0] is None:
-        return None
-    return [min(r[i] for r in runs) for i in range(len(runs[0]))]
+        for i, (run, args) in enumerate(runs):
+            if got[i] is None:
+                continue
+            gc.collect()
+            gc.disable()
+            try:
+                r = run(*args)
+            finally:
+                gc.enable()
+            if r is None:
+                got[i] = None
+            else:
+                got[i].append(r)
+    return [None if g is None else [min(r[j] for r in g) for j in range(len(g[0]))] for g in got]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,10 +142,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{'ps/vLLM':>8} {'sr/vLLM':>8} {'add µs/branch':>14}")
         for n in args.sizes:
             prompts = make_prompts(n, group or n, args.doc_len)
-            native = best_of(args.repeat, vllm_rounds, prompts, args.rounds) if have_vllm else None
+            runs = [(core_rounds, (prompts, rule, args.rounds)) for rule in ("prefix-stop", "state-ready")]
+            if have_vllm:
+                runs.insert(0, (vllm_rounds, (prompts, args.rounds)))
+            res = interleaved(args.repeat, runs)
+            native = res.pop(0) if have_vllm else None
             have_vllm = native is not None
-            ps = best_of(args.repeat, core_rounds, prompts, "prefix-stop", args.rounds)
-            sr = best_of(args.repeat, core_rounds, prompts, "state-ready", args.rounds)
+            ps, sr = res
             add_us = best_of(args.repeat, arrival_us, prompts)[0]
             m_ps, m_sr = statistics.fmean(ps), statistics.fmean(sr)
             cells = [f"{n:>8}", f"{statistics.fmean(native):>12.3f}" if native else f"{'-':>12}",

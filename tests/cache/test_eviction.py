@@ -287,3 +287,19 @@ def test_flop_aware_snapshot_superseded_below_goes_first():
     assert index.evict_snapshots(1) == 1
     shallow = index.node_at(index.match(chain_hashes("a", toks[:8], BS)))
     assert shallow.snapshot is None and other.snapshot is not None
+
+
+@pytest.mark.parametrize("policy", ["flop-aware", "flop-aware:0"])
+def test_flop_aware_ties_go_in_insertion_order_not_by_address(policy):
+    # 40 leaves of one page each, equal in value and age: ties are broken by the order the tree
+    # received them (the same in every process), never by where the nodes happen to sit in memory
+    # (a set of nodes iterates by address; with it, this order came out shuffled).
+    index = make_index(policy, pages=40)
+    docs = [(1000 + i, 7) for i in range(40)]
+    for d in docs:
+        put(index, d, "ns", now=1.0)
+    order = []
+    for _ in range(40):
+        assert index.evict_pages(1) == 1
+        order += [i for i, d in enumerate(docs) if i not in order and cached_len(index, d, "ns") == 0]
+    assert order == list(range(40))

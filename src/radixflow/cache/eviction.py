@@ -38,7 +38,7 @@ class IndexInternals(Protocol):
 
     block_size: int
     slots: IdPool
-    _leaves: set[Node]  # unlocked or not, every node without children
+    _leaves: dict[Node, None]  # unlocked or not, every node without children, in insertion order
     _snap_nodes: dict[Node, None]  # nodes holding a snapshot, least recently used first
     _tails: dict[Snapshot, None]  # tail snapshots (exact-depth checkpoints), least recently used first
 

@@ -67,7 +67,9 @@ class RadixIndex:
         self.slots = slots
         self._roots: dict[str, Node] = {}
         self._by_hash: dict[int, Node] = {}
-        self._leaves: set[Node] = set()
+        # Every node without children, in insertion order (a dict: eviction policies that iterate it
+        # break ties the same way in every process, never by memory address).
+        self._leaves: dict[Node, None] = {}
         self._snap_nodes: dict[Node, None] = {}  # in least-recently-used order (oldest first)
         self._pending_nodes: list[Node] = []
         self._pending_snaps: list[Snapshot] = []
@@ -86,6 +88,11 @@ class RadixIndex:
         lo, hi = 0, n  # answer in [lo, hi]: number of matched pages
         if 0 < known <= n and hashes[known - 1] in by_hash:  # prefix-closed: pages [0, known) are in
             lo = known
+        if lo < hi:  # the two common answers in one probe each: nothing more, or everything
+            if hashes[lo] not in by_hash:
+                hi = lo
+            elif hashes[hi - 1] in by_hash:
+                lo = hi
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if hashes[mid - 1] in by_hash:
@@ -157,7 +164,7 @@ class RadixIndex:
         """Deepest snapshot boundary on the matched path at or below min(ĥ, limit)."""
         depth = m.depth if limit is None else min(m.depth, limit)
         node = m.node
-        while node is not None and not node.is_root:
+        while node is not None and node.parent is not None:
             snap = node.snapshot
             if snap is not None and node.depth <= depth:
                 if snap.published:
@@ -199,12 +206,12 @@ class RadixIndex:
         assert num_pages * self.block_size <= m.depth
         if num_pages == 0:
             return []
-        node = m.node
-        while node.start >= num_pages * self.block_size:
+        node, bs = m.node, self.block_size
+        while node.depth - len(node.key) >= num_pages * bs:
             node = node.parent
-        chunks = [node.pages[: num_pages - node.start // self.block_size]]
+        chunks = [node.pages[: num_pages - (node.depth - len(node.key)) // bs]]
         node = node.parent
-        while node is not None and not node.is_root:
+        while node is not None and node.parent is not None:  # up to the root (inlined `is_root`)
             chunks.append(node.pages)
             node = node.parent
         out: list[int] = []
@@ -231,7 +238,7 @@ class RadixIndex:
             return m.node, num_pages
         bs = self.block_size
         parent = self._node_ending_at(m) if have else self._root(namespace)
-        self._leaves.discard(parent)
+        self._leaves.pop(parent, None)
         lo = have
         for hi in (*(c for c in cuts if have < c < num_pages), num_pages) if cuts else (num_pages,):
             key = tuple(tokens[lo * bs : hi * bs])
@@ -242,7 +249,7 @@ class RadixIndex:
             self._by_hash.update(dict.fromkeys(node.hashes, node))
             self._pending_nodes.append(node)
             parent, lo = node, hi
-        self._leaves.add(node)
+        self._leaves[node] = None
         return node, have
 
     def node_at(self, m: Match) -> Node:
@@ -376,6 +383,15 @@ class RadixIndex:
             if node.lock_ref == 0:
                 self.num_locked_pages += len(node.pages)
             node.lock_ref += 1
+            node = node.parent
+
+    def lock_touched(self, node: Node | None, now: float) -> None:
+        """`lock(node)` and `touch(node, now)` in one walk up the path (a hit that a row now holds)."""
+        while node is not None and node.parent is not None:
+            if node.lock_ref == 0:
+                self.num_locked_pages += len(node.pages)
+            node.lock_ref += 1
+            node.last_access = now
             node = node.parent
 
     def relock(self, old: Node | None, new: Node) -> None:
@@ -563,7 +579,7 @@ class RadixIndex:
         return float("inf")
 
     def _published_below(self, node: Node | None, depth: int) -> int:
-        while node is not None and not node.is_root:
+        while node is not None and node.parent is not None:
             if node.snapshot is not None and node.snapshot.published and node.depth <= depth:
                 return node.depth
             node = node.parent
@@ -611,9 +627,9 @@ class RadixIndex:
         self.ghosts.add_pages(node.hashes)
         parent = node.parent
         del parent.children[node.key[: self.block_size]]
-        self._leaves.discard(node)
+        self._leaves.pop(node, None)
         if not parent.children and not parent.is_root:
-            self._leaves.add(parent)
+            self._leaves[parent] = None
         for h in node.hashes:
             del self._by_hash[h]
         self.pages.free(node.pages)

@@ -486,9 +486,8 @@ class Scheduler:
         tr.junction = self._junction(plan.match, start) if self.vllm_align else 0
         if start:
             node = plan.match.node
-            self.index.lock(node)
+            self.index.lock_touched(node, now)
             tr.node = node
-            self.index.touch(node, now)
             tr.page_table = self.index.pages_upto(plan.match, start // self.block_size)
         tr.level = 0
         state_in = None
@@ -515,18 +514,22 @@ class Scheduler:
         end = start + n
         if tr.partial_tail is not None and tr.working is None:
             state_in = continue_partial(self, b, start)  # its state is in the snapshot, not a working slot
-        new = -(-end // bs) - len(tr.page_table)
+        table = tr.page_table
+        first_new = len(table)
+        new = -(-end // bs) - first_new
         if new > 0:
-            pages = [self.pages.allocate_one()] if new == 1 else self.pages.allocate(new)
-            tr.page_table.extend(pages)
-            tr.private.update(pages)
+            table.extend([self.pages.allocate_one()] if new == 1 else self.pages.allocate(new))
         full = end // bs
+        adopted = full  # new pages from here on stay private (the tree adopts none below `full`)
         if self.config.enable_prefix_caching and full:
             cuts = None
             if self.hybrid and not self.chunk_end and self.branch_points is None:  # _captures' depths
                 step = self.interval // bs
                 cuts = range((start // self.interval + 1) * step, full, step)
-            self._register(b, full, now, cuts, start // bs)
+            adopted = self._register(b, full, now, cuts, start // bs, first_new)
+        if new > 0:  # the new pages the tree did not adopt: [first_new, adopted) and past `full`
+            tr.private.update(table[first_new : max(first_new, min(adopted, full))])
+            tr.private.update(table[max(first_new, full) :])
         tr.level += 1
         if tr.level > self.max_level:
             self.max_level = tr.level
@@ -541,21 +544,26 @@ class Scheduler:
         batch.fragments.append(frag)
         b.num_fragments += 1
 
-    def _register(self, b: Branch, full: int, now: float, cuts: range | None = None, known: int = 0) -> None:
+    def _register(self, b: Branch, full: int, now: float, cuts: range | None = None, known: int = 0,
+                  first_new: int | None = None) -> int:
         """Registers the branch's full pages in the index (pending: usable by full attention this round).
-        `known`: pages expected in the tree already (the row's start; `RadixIndex.match` checks it)."""
+        `known`: pages expected in the tree already (the row's start; `RadixIndex.match` checks it).
+        Returns the first page the tree adopted (`full` when none). Adopted pages leave `private`;
+        those from `first_new` on were never put there (the caller adds the rest)."""
         tr: _Track = b.sched
         if tr.no_cache:
-            return
+            return full
         if len(tr.hashes) < full:
             tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
         node, adopted = self.index.insert(b.namespace, b.tokens, tr.hashes, tr.page_table, full, now, cuts,
                                           b.prompt, known)
-        if adopted < full:
-            tr.private.difference_update(tr.page_table[adopted:full])
+        upto = full if first_new is None else min(full, first_new)
+        if adopted < upto:
+            tr.private.difference_update(tr.page_table[adopted:upto])
         if node is not tr.node:
             self.index.relock(tr.node, node)
             tr.node = node
+        return adopted
 
     def _captures(self, b: Branch, start: int, end: int, now: float,
                   copies: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -590,7 +598,7 @@ class Scheduler:
             # snapshot (a 1-token branch holds that slot for one round only).
             page_end = end // self.block_size * self.block_size
             if end >= b.prompt_len and page_end > start and page_end % self.interval:
-                if tr.rolling is None and self._ensure_slots(1):
+                if tr.rolling is None and self._ensure(0, 1):
                     tr.rolling = self.slots.allocate_one()
                 if tr.rolling is not None:
                     out.append((page_end - start, tr.rolling))
@@ -612,7 +620,7 @@ class Scheduler:
         """A pending snapshot at `depth` written by this row, unless one exists or no slot can be had."""
         tr: _Track = b.sched
         node = self.index.node_after(tr.hashes, depth // self.block_size)  # registered by _place
-        if node.snapshot is not None or not self._ensure_slots(1):
+        if node.snapshot is not None or not self._ensure(0, 1):
             return
         slot = self.slots.allocate_one()
         snap = self.index.attach_snapshot(node, slot, b.uid, now)
