@@ -6,10 +6,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_scheduler_properties import workloads
-from test_vllm_split import B, _Unit
+from test_vllm_split import _Unit, run_align
 
 from factories import small_config
-from radixflow.config import SchedulerConfig
 from radixflow.core.branch import Branch
 from radixflow.core.loop import run_trace
 from radixflow.core.policies import get_arm
@@ -17,19 +16,7 @@ from radixflow.core.scheduler import Scheduler
 
 
 def _run(branches, tokens: int = 1024, arm: str = "radix", mode: str = "all"):
-    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=tokens, block_size=B, state_interval=B,
-                          snapshot_mode="vllm-align", vllm_version="0.29", mamba_cache_mode=mode,
-                          num_kv_pages=512, num_state_slots=256)
-    sched = Scheduler(cfg, get_arm(arm), hybrid=True)
-    frags = []
-
-    def hook(s, batch):
-        s.check_integrity()
-        frags.extend((f.branch.key, f.start, f.num_tokens, [d + f.start for d, _ in f.state_out[:-1]])
-                     for f in batch.fragments)
-
-    run_trace(sched, _Unit(), branches, on_round=hook)
-    return sched, frags
+    return run_align(branches, arm, tokens, vllm_version="0.29", mamba_cache_mode=mode)
 
 
 def test_the_last_chunk_runs_whole_and_every_boundary_keeps_its_state():

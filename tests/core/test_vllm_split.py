@@ -47,9 +47,14 @@ class _Unit:
 
 
 def _run(branches, internal: bool, arm="radix", unit: int = 0):
-    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024, block_size=B, state_interval=B,
-                          snapshot_mode="vllm-align", internal_checkpoint=internal, num_kv_pages=512,
-                          num_state_slots=256, prefix_match_unit=unit)
+    return run_align(branches, arm, internal_checkpoint=internal, prefix_match_unit=unit)
+
+
+def run_align(branches, arm: str = "radix", tokens: int = 1024, **config):
+    """Runs `branches` in vllm-align mode on B-token blocks; check_integrity() after every round.
+    Returns the scheduler and every row as (key, start, tokens, depths of its state captures)."""
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=tokens, block_size=B, state_interval=B,
+                          snapshot_mode="vllm-align", num_kv_pages=512, num_state_slots=256, **config)
     sched = Scheduler(cfg, get_arm(arm), hybrid=True)
     frags = []
 
