@@ -67,6 +67,8 @@ class Claims:
     reserved_rows: int = 0  # rows_next + |D| at the last non-finishing admission past D (for tests)
     reserved_deferred: int = 0  # |D| then
     passed_b: list[Branch] = field(default_factory=list)  # admitted under (b): done by the end of t+1 (tests)
+    _last: tuple[int, int] = (-1, -1)  # defer's last (start, total) and its (tokens, pages) at t+1
+    _last_sums: tuple[int, int] = (0, 0)
 
     @property
     def active(self) -> bool:
@@ -89,10 +91,14 @@ class Claims:
         if self.rows_next + d >= self.max_rows:
             self.open = False  # nothing can pass (b) any more (rows_next only grows): stop summing
             return
-        n = self.chunk(start, b.num_tokens, self.max_tokens)
+        key = (start, len(b.prompt) + len(b.output))
+        if key != self._last:  # siblings of one group mostly repeat the last fragment: chunk it once
+            n = self.chunk(start, key[1], self.max_tokens)
+            bs = self.block_size
+            self._last, self._last_sums = key, (n, -(-(start + n) // bs) - start // bs)
+        n, pages = self._last_sums
         self.d_tokens += n
-        bs = self.block_size
-        self.d_pages += -(-(start + n) // bs) - start // bs
+        self.d_pages += pages
 
     def allows(self, b: Branch, end: int, take_pages: int, avail_pages: int,
                avail_slots: int, bytes_check: Callable[[int, int], bool] | None = None) -> bool:
