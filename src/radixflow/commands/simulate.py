@@ -37,7 +37,7 @@ def add_arguments(p) -> None:
     add_scheduler_flags(p)
     p.add_argument("--check", action="store_true", help="check_integrity() after every round (slow)")
     p.add_argument("--prefix-match-unit", type=int, default=0,
-                   help="vllm-align: " + help_of(SchedulerConfig, "prefix_match_unit"))
+                   help=help_of(SchedulerConfig, "prefix_match_unit"))
     p.add_argument("--vllm-version", default="0.33", choices=VLLM_VERSIONS,
                    help=help_of(SchedulerConfig, "vllm_version"))
     p.add_argument("--mamba-cache-mode", default="align", choices=MAMBA_CACHE_MODES,
