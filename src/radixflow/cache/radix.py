@@ -206,10 +206,10 @@ class RadixIndex:
         assert num_pages * self.block_size <= m.depth
         if num_pages == 0:
             return []
-        node, bs = m.node, self.block_size
-        while node.depth - len(node.key) >= num_pages * bs:
+        node = m.node
+        while node.start >= num_pages * self.block_size:
             node = node.parent
-        chunks = [node.pages[: num_pages - (node.depth - len(node.key)) // bs]]
+        chunks = [node.pages[: num_pages - node.start // self.block_size]]
         node = node.parent
         while node is not None and node.parent is not None:  # up to the root (inlined `is_root`)
             chunks.append(node.pages)
@@ -378,20 +378,14 @@ class RadixIndex:
         self._pending_nodes.clear()
         self._pending_snaps.clear()
 
-    def lock(self, node: Node | None) -> None:
+    def lock(self, node: Node | None, now: float | None = None) -> None:
+        """Holds the path to `node`; with `now`, also refreshes it (`touch`) in the same walk."""
         while node is not None and node.parent is not None:
             if node.lock_ref == 0:
                 self.num_locked_pages += len(node.pages)
             node.lock_ref += 1
-            node = node.parent
-
-    def lock_touched(self, node: Node | None, now: float) -> None:
-        """`lock(node)` and `touch(node, now)` in one walk up the path (a hit that a row now holds)."""
-        while node is not None and node.parent is not None:
-            if node.lock_ref == 0:
-                self.num_locked_pages += len(node.pages)
-            node.lock_ref += 1
-            node.last_access = now
+            if now is not None:
+                node.last_access = now
             node = node.parent
 
     def relock(self, old: Node | None, new: Node) -> None:

@@ -91,7 +91,7 @@ class Claims:
         if self.rows_next + d >= self.max_rows:
             self.open = False  # nothing can pass (b) any more (rows_next only grows): stop summing
             return
-        key = (start, len(b.prompt) + len(b.output))
+        key = (start, b.num_tokens)
         if key != self._last:  # siblings of one group mostly repeat the last fragment: chunk it once
             n = self.chunk(start, key[1], self.max_tokens)
             bs = self.block_size

@@ -486,7 +486,7 @@ class Scheduler:
         tr.junction = self._junction(plan.match, start) if self.vllm_align else 0
         if start:
             node = plan.match.node
-            self.index.lock_touched(node, now)
+            self.index.lock(node, now)
             tr.node = node
             tr.page_table = self.index.pages_upto(plan.match, start // self.block_size)
         tr.level = 0
@@ -520,15 +520,17 @@ class Scheduler:
         if new > 0:
             table.extend([self.pages.allocate_one()] if new == 1 else self.pages.allocate(new))
         full = end // bs
-        adopted = full  # new pages from here on stay private (the tree adopts none below `full`)
+        adopted = full  # the tree holds pages [adopted, full) of the table; the rest are the row's own
         if self.config.enable_prefix_caching and full:
             cuts = None
             if self.hybrid and not self.chunk_end and self.branch_points is None:  # _captures' depths
                 step = self.interval // bs
                 cuts = range((start // self.interval + 1) * step, full, step)
-            adopted = self._register(b, full, now, cuts, start // bs, first_new)
-        if new > 0:  # the new pages the tree did not adopt: [first_new, adopted) and past `full`
-            tr.private.update(table[first_new : max(first_new, min(adopted, full))])
+            adopted = self._register(b, full, now, cuts, start // bs)
+        if adopted < first_new:  # earlier pages of the row the tree took over now
+            tr.private.difference_update(table[adopted : min(full, first_new)])
+        if new > 0:  # new pages outside [adopted, full)
+            tr.private.update(table[first_new : max(first_new, adopted)])
             tr.private.update(table[max(first_new, full) :])
         tr.level += 1
         if tr.level > self.max_level:
@@ -544,12 +546,10 @@ class Scheduler:
         batch.fragments.append(frag)
         b.num_fragments += 1
 
-    def _register(self, b: Branch, full: int, now: float, cuts: range | None = None, known: int = 0,
-                  first_new: int | None = None) -> int:
+    def _register(self, b: Branch, full: int, now: float, cuts: range | None = None, known: int = 0) -> int:
         """Registers the branch's full pages in the index (pending: usable by full attention this round).
         `known`: pages expected in the tree already (the row's start; `RadixIndex.match` checks it).
-        Returns the first page the tree adopted (`full` when none). Adopted pages leave `private`;
-        those from `first_new` on were never put there (the caller adds the rest)."""
+        Returns the first page the tree adopted (`full` when none); the caller keeps `private` in step."""
         tr: _Track = b.sched
         if tr.no_cache:
             return full
@@ -557,9 +557,6 @@ class Scheduler:
             tr.hashes = chain_hashes(b.namespace, b.tokens, self.block_size, tr.hashes)
         node, adopted = self.index.insert(b.namespace, b.tokens, tr.hashes, tr.page_table, full, now, cuts,
                                           b.prompt, known)
-        upto = full if first_new is None else min(full, first_new)
-        if adopted < upto:
-            tr.private.difference_update(tr.page_table[adopted:upto])
         if node is not tr.node:
             self.index.relock(tr.node, node)
             tr.node = node
@@ -787,12 +784,6 @@ class Scheduler:
 
     def _new_pages(self, b: Branch, end: int) -> int:
         return max(0, -(-end // self.block_size) - len(b.sched.page_table))
-
-    def _ensure_pages(self, n: int) -> bool:
-        return self._ensure(n, 0)
-
-    def _ensure_slots(self, n: int) -> bool:
-        return self._ensure(0, n)
 
     def _ensure(self, pages: int, slots: int) -> bool:
         """Makes room for `pages` pages and `slots` slots at once, evicting cached tails and snapshots."""
