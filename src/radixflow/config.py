@@ -12,6 +12,7 @@ SNAPSHOT_MODES = ("every-boundary", "chunk-end", "vllm-align")
 VLLM_VERSIONS = ("0.33", "0.29")  # vllm-align: the installed vLLM; the paper's (spec/vllm_align.py)
 MAMBA_CACHE_MODES = ("align", "all")
 CHECKPOINT_MODES = ("boundary", "branch")
+HANDOFF_MODES = ("off", "on", "auto")  # SPEC §15
 
 
 def _opt(default, help: str, **kw):
@@ -57,6 +58,13 @@ class SchedulerConfig:
                                         "published state and the checkpoint) or when round t+1 runs anyway; "
                                         "N: also whenever the wait saves at least N tokens (64: more reuse, "
                                         "more rounds; docs/checkpoints.md)")
+    handoff: str = _opt("off", "hybrid models: in-forward state hand-off (SPEC §15). 'on': a Blocked consumer whose "
+                               "boundary lies inside a producer's fragment of the same round runs in that "
+                               "forward as a dependent row, reading the producer's state at its depth; "
+                               "'auto': hand-off, wait or recompute per consumer by the cost model; "
+                               "'off': wait a round, as before")
+    handoff_max_levels: int = _opt(2, "--handoff: most dependency levels in one forward (level 0 reads only "
+                                      "published state)")
     num_kv_pages: int = _opt(1 << 20, "KV pool size in pages")
     num_state_slots: int = _opt(1 << 16, "state snapshot pool size in slots (hybrid models)")
     cache_memory_bytes: int = _opt(0, "if > 0: pages and slots share this many bytes (a unified pool, as "
@@ -102,6 +110,10 @@ class SchedulerConfig:
         if self.checkpoint_wait != "grid" and not (self.checkpoint_wait.isdigit() and int(self.checkpoint_wait) > 0):
             raise ValueError(f"--checkpoint-wait must be 'grid' or a positive token count, "
                              f"got {self.checkpoint_wait!r}")
+        if self.handoff not in HANDOFF_MODES:
+            raise ValueError(f"unknown --handoff {self.handoff!r}; choose from {', '.join(HANDOFF_MODES)}")
+        if self.handoff_max_levels < 1:
+            raise ValueError(f"--handoff-max-levels must be >= 1, got {self.handoff_max_levels}")
         if self.num_kv_pages < 1:
             raise ValueError("the KV pool needs at least one page")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from radixflow.config import CHECKPOINT_MODES, SNAPSHOT_MODES, SchedulerConfig, help_of
+from radixflow.config import CHECKPOINT_MODES, HANDOFF_MODES, SNAPSHOT_MODES, SchedulerConfig, help_of
 from radixflow.core.branch import Branch
 from radixflow.core.metrics import ArmMeasures, cost_identity
 from radixflow.core.policies import ARMS
@@ -59,6 +59,9 @@ def add_scheduler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoints", default="boundary", choices=CHECKPOINT_MODES,
                    help=help_of(SchedulerConfig, "checkpoints"))
     p.add_argument("--checkpoint-wait", default="grid", help=help_of(SchedulerConfig, "checkpoint_wait"))
+    p.add_argument("--handoff", default="off", choices=HANDOFF_MODES, help=help_of(SchedulerConfig, "handoff"))
+    p.add_argument("--handoff-max-levels", type=positive_int, default=2,
+                   help=help_of(SchedulerConfig, "handoff_max_levels"))
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="disable prefix caching (--enable-prefix-caching is the default)")
     p.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true")
@@ -81,7 +84,9 @@ def scheduler_config(args, model_name: str, default_budget: tuple[int, int] = (1
                           enable_prefix_caching=args.enable_prefix_caching,
                           snapshot_mode=getattr(args, "snapshot_mode", "every-boundary"),
                           checkpoints=getattr(args, "checkpoints", "boundary"),
-                          checkpoint_wait=getattr(args, "checkpoint_wait", "grid"))
+                          checkpoint_wait=getattr(args, "checkpoint_wait", "grid"),
+                          handoff=getattr(args, "handoff", "off"),
+                          handoff_max_levels=getattr(args, "handoff_max_levels", 2))
     cfg.validate()
     return cfg
 
