@@ -80,3 +80,4 @@ class ExecResult:
     host_time: float  # c(B_t), seconds
     samples: dict[int, Sample] = field(default_factory=dict)  # fragment index -> sample
     capture_time: float = 0.0  # the part of c(B_t) spent capturing state and copying pages (modelled)
+    handoff_time: float = 0.0  # the part of c(B_t) spent in extra recurrent levels (SPEC §15; engine: measured)
