@@ -22,6 +22,7 @@ from radixflow.server import params as rp
 from radixflow.server.engine_loop import Delta, Failed, Finished
 from radixflow.server.errors import bad_request, unexpected
 from radixflow.server.inputs import check_fanout, check_text, encode_prompts, encode_text, off_loop
+from radixflow.server.logs import log_output, log_request
 from radixflow.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from radixflow.server.render import (
     TextStream,
@@ -48,6 +49,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     rp.refuse_unsupported(body)
     rid = _request_id("cmpl", body)
     prompts, branches = await off_loop(_completion_inputs, eng, rid, body, server.config.max_branches_per_request)
+    log_request(server.config, rid, "/v1/completions", body.prompt_list())
     meta = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": server.model_name}
     texts = {b.index: _text_stream(tok, body, prompts[b.index // body.n] if body.echo else None)
              for b in branches}
@@ -80,6 +82,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             choice["prompt_token_ids"] = prompt
             choice["token_ids"] = list(b.output)
         choices.append(choice)
+    log_output(server.config, rid, [c["text"] for c in choices])
     return JSONResponse({**meta, "choices": choices, "usage": usage(req.branches, body.n)})
 
 
@@ -140,6 +143,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     rp.refuse_unsupported(body)
     rid = _request_id("chatcmpl", body)
     prompt_text, prompt, branches = await off_loop(_chat_inputs, eng, rid, body, server.config)
+    log_request(server.config, rid, "/v1/chat/completions", [prompt_text])
     meta = {"id": rid, "object": "chat.completion.chunk" if body.stream else "chat.completion",
             "created": int(time.time()), "model": server.model_name}
     last = body.messages[-1]
@@ -165,6 +169,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         if body.return_token_ids:
             choice["token_ids"] = list(b.output)
         choices.append(choice)
+    log_output(server.config, rid, [c["message"]["content"] for c in choices])
     out = {**meta, "choices": choices, "usage": usage(req.branches, body.n)}
     if body.prompt_logprobs is not None:
         out["prompt_logprobs"] = prompt_logprobs(tok, prompt, req.branches[0].user_data.prompt_logprobs,
