@@ -64,8 +64,10 @@ def check_tls(keyfile: str | None, certfile: str | None, ca_certs: str | None, c
 
 def _readable(flag: str, value: str) -> None:
     path = Path(value)
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"{flag} {value}: no such file")
+    if not path.is_file():
+        raise ValueError(f"{flag} {value}: not a file")
     try:
         with path.open("rb"):
             pass
