@@ -106,15 +106,16 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
 
 def _json_list(flag: str):
     def parse(text: str) -> list[str]:
-        if text.lstrip().startswith("["):
+        if text.lstrip()[:1] in ('[', '{', '"'):  # JSON, as vLLM reads it
             try:
                 value = json.loads(text)
             except ValueError as e:
-                raise argparse.ArgumentTypeError(f"not a JSON list: {e}") from None
+                raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+            value = [value] if isinstance(value, str) else value
             if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
                 raise argparse.ArgumentTypeError(f"{flag} must be a JSON list of strings, got {text!r}")
             return value
-        return [v.strip() for v in text.split(",") if v.strip()]  # a comma list: no value has a comma
+        return [v.strip() for v in text.split(",") if v.strip()]  # no origin, method or header has a comma
     return parse
 
 
