@@ -115,9 +115,9 @@ def test_the_openai_client_with_and_without_the_key(keyed):
     good = client("key-two")
     assert good.completions.create(model=keyed.model, prompt="hi", max_tokens=2).usage.completion_tokens == 2
     chunks = list(good.completions.create(model=keyed.model, prompt="hi", max_tokens=3, stream=True,
-                                          extra_body={"ignore_eos": True}))
-    assert sum(len(c.choices[0].text) > 0 for c in chunks if c.choices) >= 1
-    assert chunks[-1].choices[0].finish_reason == "length"
+                                          stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 3
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     chat = list(good.chat.completions.create(model=keyed.model, max_tokens=2, stream=True,
                                              messages=[{"role": "user", "content": "hi"}]))
     assert chat[0].choices[0].delta.role == "assistant"
@@ -233,3 +233,17 @@ def test_the_redact_filter_withholds_messages_and_query_strings():
     record.exc_text = None
     shown.filter(record)
     assert MARKER in logging.Formatter().format(record)  # --log-requests keeps the messages
+
+
+def test_behind_a_prefix_stripping_proxy_root_path_keeps_the_open_and_the_guarded_paths():
+    live = start_server("tiny-qwen3", block_size=1, state_interval=1, api_keys=("p-key",), root_path="/llm")
+    try:
+        # the proxy forwarded /llm/health as /health; uvicorn puts the prefix back in scope["path"]
+        assert httpx.get(live.url + "/health", timeout=10).status_code == 200
+        assert httpx.get(live.url + "/v1/models", timeout=10).status_code == 401
+        r = httpx.get(live.url + "/v1/models", headers=_bearer("p-key"), timeout=10)
+        assert r.status_code == 200 and r.json()["data"][0]["id"] == "tiny-qwen3"
+        spec = httpx.get(live.url + "/openapi.json", headers=_bearer("p-key"), timeout=10).json()
+        assert spec["servers"] == [{"url": "/llm"}]  # FastAPI's links carry the prefix
+    finally:
+        live.stop()
