@@ -247,3 +247,10 @@ def test_behind_a_prefix_stripping_proxy_root_path_keeps_the_open_and_the_guarde
         assert spec["servers"] == [{"url": "/llm"}]  # FastAPI's links carry the prefix
     finally:
         live.stop()
+
+
+def test_the_session_servers_follow_the_suite_key(hybrid_server, suite_api_key):
+    """RADIXFLOW_TEST_API_KEY runs the whole suite behind a key: then a keyless request is refused."""
+    r = httpx.get(hybrid_server.url + "/v1/models", timeout=10)  # no header: CLIENT_KEY is off here
+    assert r.status_code == (401 if suite_api_key else 200)
+    assert hybrid_server.state.config.api_keys == ((suite_api_key,) if suite_api_key else ())

@@ -21,7 +21,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from radixflow import __version__
 from radixflow.engine.engine import Engine, EngineConfig
-from radixflow.server.auth import OPEN_PATHS, AuthMiddleware
+from radixflow.server.auth import OPEN_PATHS, AuthMiddleware, route_path
 from radixflow.server.engine_loop import EngineLoop, pool_use
 from radixflow.server.errors import APIError, install_handlers
 from radixflow.server.guard import GuardMiddleware
@@ -159,7 +159,8 @@ def _endpoint(app: FastAPI, scope: dict) -> str:
     if paths is None:  # built on first use, once every route is declared
         paths = {r.path for rt in (app.router, router, tokenize_router) for r in rt.routes if hasattr(r, "path")}
         app.state.paths = paths
-    return scope["path"] if scope.get("path") in paths else "unmatched"
+    path = route_path(scope)
+    return path if path in paths else "unmatched"
 
 
 async def _probe_loop_lag(metrics: ServerMetrics) -> None:

@@ -56,7 +56,7 @@ class AuthMiddleware:
         self.endpoint = endpoint
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] not in ("http", "websocket") or _route_path(scope) in self.open_paths or self.allowed(scope):
+        if scope["type"] not in ("http", "websocket") or route_path(scope) in self.open_paths or self.allowed(scope):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -75,7 +75,7 @@ class AuthMiddleware:
         return match and scheme.lower() == b"bearer"
 
 
-def _route_path(scope) -> str:
+def route_path(scope) -> str:
     """The path the router matches: uvicorn prefixes `--root-path` to it, Starlette strips it."""
     path, root = scope.get("path", ""), scope.get("root_path", "")
     return path[len(root):] if root and path.startswith(root) else path
