@@ -38,7 +38,8 @@ class ServeProcess:
             self.lines.append(line)
             m = _RUNNING.search(line)
             if m:
-                self.url = f"{m.group(1)}://{m.group(2)}:{m.group(3)}"
+                host = "127.0.0.1" if m.group(2) == "0.0.0.0" else m.group(2)  # all interfaces: reach it here
+                self.url = f"{m.group(1)}://{host}:{m.group(3)}"
                 self._running.set()
             if "loaded: ready" in line:
                 self._ready.set()

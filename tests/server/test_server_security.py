@@ -205,11 +205,16 @@ def test_log_requests_shows_the_text_cut_to_max_log_len(caplog):
         r = live.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": MARKER}],
                                                      "max_tokens": 2})
         assert r.status_code == 200
+        r = live.post("/v1/completions", json={"prompt": "STREAMED" + prompt, "max_tokens": 2, "echo": True,
+                                               "stream": True})
+        assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
     finally:
         live.stop()
         logs.install(reveal=False)  # the filter is per process: back to what the other servers use
     text = caplog.text
     assert text.count(MARKER) >= 3  # the prompt, the echoed output, the chat prompt
+    outputs = [line for line in text.splitlines() if " output: " in line and "STREAMED" in line]
+    assert len(outputs) == 1 and MARKER in outputs[0]  # a stream's output, gathered from its chunks
     assert "TAILEND" not in text and "characters)" in text
 
 

@@ -1,5 +1,6 @@
 """`radixflow serve` over HTTPS (a real process): the test's self-signed certificate verifies, plain
-HTTP on the same port fails, and with `--ssl-cert-reqs 2` a client without a certificate is refused."""
+HTTP on the same port fails, and with `--ssl-cert-reqs 2` a client without a certificate is refused;
+a server on every interface without a key says so in one warning line."""
 
 from __future__ import annotations
 
@@ -56,17 +57,21 @@ def test_https_works_with_the_test_certificate_and_plain_http_fails(certs):
             httpx.get("http" + url.removeprefix("https") + "/health", timeout=30)
         output = sp.stop()
     assert "Uvicorn running on https://" in output
+    assert "no --api-key is set" not in output  # loopback, and a key
 
 
 def test_client_certificates_are_required_with_cert_reqs_2(certs):
     cert, key = certs["server"]
     client_cert, client_key = certs["client"]
+    # on every interface, but only clients holding the certificate get in; without a key: one warning
     with ServeProcess("--ssl-certfile", cert, "--ssl-keyfile", key, "--ssl-ca-certs", client_cert,
-                      "--ssl-cert-reqs", "2") as sp:
+                      "--ssl-cert-reqs", "2", "--host", "0.0.0.0") as sp:
         url = sp.wait_ready()
         with pytest.raises(httpx.TransportError):  # the server refuses the handshake
             httpx.get(url + "/health", verify=_trusting(cert), timeout=30)
         ctx = _trusting(cert)
         ctx.load_cert_chain(client_cert, client_key)
         assert httpx.get(url + "/health", verify=ctx, timeout=30).status_code == 200
-        sp.stop()
+        output = sp.stop()
+    warnings = [line for line in output.splitlines() if "no --api-key is set" in line]
+    assert len(warnings) == 1 and "WARNING" in warnings[0] and "--host 0.0.0.0" in warnings[0]

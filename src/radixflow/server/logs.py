@@ -11,6 +11,7 @@ characters. API keys are never logged at all (server/auth.py).
 from __future__ import annotations
 
 import logging
+import threading
 import traceback
 
 log = logging.getLogger("radixflow.server")
@@ -65,6 +66,16 @@ def install(reveal: bool) -> None:
         logger.addFilter(Redact(reveal))
 
 
+def route_thread_errors() -> None:
+    """Uncaught exceptions of threads are logged (so redacted) instead of printed raw to stderr.
+    For the `radixflow serve` process only: a test process keeps pytest's own hook."""
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is not SystemExit:
+            log.error("uncaught exception in thread %s", args.thread.name if args.thread else "?",
+                      exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+    threading.excepthook = hook
+
+
 def clip(text: str, max_len: int | None) -> str:
     return text if max_len is None or len(text) <= max_len else f"{text[:max_len]}… ({len(text)} characters)"
 
@@ -78,6 +89,28 @@ def log_request(config, request_id: str, endpoint: str, prompts: list) -> None:
 
 
 def log_output(config, request_id: str, texts: list[str]) -> None:
-    """With `--log-requests`: the completion texts, each cut to `--max-log-len`."""
+    """With `--log-requests`: the output texts, each cut to `--max-log-len`."""
     if config.log_requests:
         log.info("request %s output: %r", request_id, [clip(t, config.max_log_len) for t in texts])
+
+
+class StreamLog:
+    """With `--log-requests`: a stream's text per choice, gathered from its chunks, logged at its end."""
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.request_id = ""
+        self.texts: dict[int, str] | None = {} if config.log_requests else None
+
+    def add(self, chunk: dict) -> None:
+        if self.texts is None:
+            return
+        self.request_id = chunk.get("id", self.request_id)
+        for c in chunk.get("choices", ()):
+            piece = c["text"] if "text" in c else (c.get("delta") or {}).get("content")
+            if piece:
+                self.texts[c["index"]] = self.texts.get(c["index"], "") + piece
+
+    def close(self) -> None:
+        if self.texts is not None:
+            log_output(self.config, self.request_id, [self.texts[i] for i in sorted(self.texts)])

@@ -22,7 +22,7 @@ from radixflow.server import params as rp
 from radixflow.server.engine_loop import Delta, Failed, Finished
 from radixflow.server.errors import bad_request, unexpected
 from radixflow.server.inputs import check_fanout, check_text, encode_prompts, encode_text, off_loop
-from radixflow.server.logs import log_output, log_request
+from radixflow.server.logs import StreamLog, log_output, log_request
 from radixflow.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from radixflow.server.render import (
     TextStream,
@@ -306,6 +306,7 @@ async def _wait(tracked: TrackedRequest, server, endpoint: str):
 def _sse(tracked: TrackedRequest, server, endpoint: str, chunks) -> StreamingResponse:
     async def events() -> AsyncIterator[str]:
         status = "disconnected"
+        shown = StreamLog(server.config)
         try:
             while True:
                 ev = await tracked.next(watch_disconnect=False)  # Starlette cancels us on disconnect
@@ -314,14 +315,16 @@ def _sse(tracked: TrackedRequest, server, endpoint: str, chunks) -> StreamingRes
                     yield ev.error.sse()
                     break
                 try:
-                    lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks(ev)]
+                    rendered = list(chunks(ev))
+                    lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in rendered]
                 except Exception as e:  # a bug while rendering: the client still gets an error event
                     log.exception("rendering a stream chunk failed")
                     err = unexpected(e)
                     status = str(err.status)
                     yield err.sse()
                     break
-                for line in lines:
+                for chunk, line in zip(rendered, lines):
+                    shown.add(chunk)
                     yield line
                 if isinstance(ev, Finished):
                     status = "200"
@@ -329,6 +332,7 @@ def _sse(tracked: TrackedRequest, server, endpoint: str, chunks) -> StreamingRes
             yield "data: [DONE]\n\n"
         finally:
             tracked.close()
+            shown.close()
             server.metrics.requests.labels(endpoint, status).inc()
 
     return StreamingResponse(events(), media_type="text/event-stream",

@@ -68,5 +68,6 @@ def serve(config: ServerConfig, log_level: str = "info") -> int:
     warning = exposure_warning(config.host, config.api_keys)
     if warning:
         log.warning(warning)
+    logs.route_thread_errors()  # a thread's uncaught traceback goes through the log filter too
     server.run()
     return 0
