@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -9,7 +10,20 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from server_harness import start_server  # noqa: E402
+from server_harness import SUITE_KEY_VAR, send_suite_key, start_server  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_api_key():
+    """RADIXFLOW_TEST_API_KEY=k runs the suite with every server behind --api-key k (server_harness.py)."""
+    key = os.environ.get(SUITE_KEY_VAR)
+    with pytest.MonkeyPatch.context() as mp:
+        if key:
+            send_suite_key(mp, key)
+            mp.setenv("RADIXFLOW_API_KEY", key)  # `radixflow serve` processes the tests start
+        else:
+            mp.delenv("RADIXFLOW_API_KEY", raising=False)  # a developer's own key must not leak in
+        yield key
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,9 @@ in-process handle on the engine loop (`cache()` runs the integrity checks on the
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -39,10 +41,10 @@ class LiveServer:
         return self.server.state
 
     def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, **kw)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=CLIENT_KEY or "none", max_retries=0, **kw)
 
     def async_client(self, **kw) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, **kw)
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=CLIENT_KEY or "none", max_retries=0, **kw)
 
     def post(self, path: str, **kw) -> httpx.Response:
         return httpx.post(self.url + path, timeout=60, **kw)
@@ -72,7 +74,9 @@ def start_server(model: str = "tiny-qwen3.5", *, block_size: int = 16, state_int
                  kv_cache_memory: int = 64 << 20, max_queue: int = 1024, policy: str = "radixflow",
                  snapshot_mode: str = "every-boundary", wait: bool = True, checkpoints: str = "boundary",
                  **server_kw) -> LiveServer:
-    """`server_kw`: further ServerConfig fields (max_body_bytes, max_branches_per_request, ...)."""
+    """`server_kw`: further ServerConfig fields (max_body_bytes, max_branches_per_request, ...).
+    With RADIXFLOW_TEST_API_KEY set, the server requires that key unless `api_keys` is given."""
+    server_kw.setdefault("api_keys", suite_keys())
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                             block_size=block_size, state_interval=state_interval, snapshot_mode=snapshot_mode,
                             checkpoints=checkpoints)
@@ -116,3 +120,37 @@ def metric(samples: dict, name: str, **labels: str) -> float:
     if len(hits) != 1:
         raise KeyError(f"{name}{labels}: {len(hits)} samples")
     return hits[0]
+
+
+# ---------------------------------------------------------------- the whole suite behind --api-key
+# RADIXFLOW_TEST_API_KEY=k pytest tests/server: every server the suite starts requires k (in-process
+# ones through start_server, `radixflow serve` processes through RADIXFLOW_API_KEY), and every
+# client sends it: LiveServer's openai clients, and any httpx request that names no Authorization
+# header (conftest.py patches httpx for the session). Tests of the key itself set CLIENT_KEY = None.
+SUITE_KEY_VAR = "RADIXFLOW_TEST_API_KEY"
+CLIENT_KEY: str | None = None  # what clients send when the test does not say
+
+
+def suite_keys() -> tuple[str, ...]:
+    key = os.environ.get(SUITE_KEY_VAR)
+    return (key,) if key else ()
+
+
+def auth_headers() -> dict[str, str]:
+    """The Authorization header of the suite's key, for raw clients httpx's patch does not reach."""
+    return {"Authorization": f"Bearer {CLIENT_KEY}"} if CLIENT_KEY else {}
+
+
+def send_suite_key(mp, key: str) -> None:
+    """Makes httpx (module functions, Client, AsyncClient) send `key` unless a request names its own."""
+    mp.setattr(sys.modules[__name__], "CLIENT_KEY", key)
+    for cls in (httpx.Client, httpx.AsyncClient):
+        mp.setattr(cls, "send", _with_key(cls.send))
+
+
+def _with_key(send):
+    def patched(self, request, *args, **kwargs):
+        if CLIENT_KEY and "authorization" not in request.headers:
+            request.headers["Authorization"] = f"Bearer {CLIENT_KEY}"
+        return send(self, request, *args, **kwargs)  # a coroutine for AsyncClient.send
+    return patched

@@ -10,7 +10,7 @@ import random
 import httpx
 import openai
 import pytest
-from server_harness import error_of, metric, scrape, start_server
+from server_harness import auth_headers, error_of, metric, scrape, start_server
 
 from radixflow.server import routes
 
@@ -112,7 +112,7 @@ def test_an_unexpected_error_is_json_counted_and_keeps_the_connection(hybrid_ser
     conn = http.client.HTTPConnection("127.0.0.1", int(hybrid_server.url.rsplit(":", 1)[1]), timeout=60)
     try:
         body = json.dumps({"prompt": "a", "max_tokens": 1})
-        conn.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+        conn.request("POST", "/v1/completions", body, {"content-type": "application/json", **auth_headers()})
         r = conn.getresponse()
         payload = json.loads(r.read())
         assert r.status == 500 and r.getheader("content-type") == "application/json"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import re
 
 from radixflow.commands.common import add_scheduler_flags, positive_int
@@ -70,6 +72,60 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug-endpoints", action="store_true",
                    help="enable GET /debug/cache (pool integrity and what branches hold)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_security_arguments(p)
+
+
+def add_security_arguments(p: argparse.ArgumentParser) -> None:
+    """vLLM's names and formats (docs/server.md "Security")."""
+    g = p.add_argument_group("security")
+    g.add_argument("--api-key", action="extend", nargs="+", default=None, metavar="KEY",
+                   help="clients must send 'Authorization: Bearer KEY' on every route but /health, /version "
+                        "and /metrics; several keys: repeat the flag, list them after it, or separate them "
+                        "with commas (default: the RADIXFLOW_API_KEY variable, comma-separated; none: no key)")
+    g.add_argument("--protect-metrics", action="store_true", help="/metrics needs the API key too")
+    g.add_argument("--ssl-keyfile", default=None, help="the server's private key (PEM), for HTTPS")
+    g.add_argument("--ssl-certfile", default=None, help="the server's certificate chain (PEM), for HTTPS")
+    g.add_argument("--ssl-ca-certs", default=None,
+                   help="CA certificates (PEM) that client certificates are checked against")
+    g.add_argument("--ssl-cert-reqs", type=_cert_reqs, default=0,
+                   help="client certificates: 0|none (default), 1|optional, 2|required (the ssl module's CERT_*)")
+    g.add_argument("--allowed-origins", type=_json_list("--allowed-origins"), default=[],
+                   help='CORS origins, a JSON list as in vLLM (\'["https://app.example"]\', \'["*"]\') or a comma '
+                        "list; default: none, no cross-origin browser access")
+    g.add_argument("--allowed-methods", type=_json_list("--allowed-methods"), default=["*"],
+                   help="CORS methods (JSON list or comma list; default: all)")
+    g.add_argument("--allowed-headers", type=_json_list("--allowed-headers"), default=["*"],
+                   help="CORS request headers (JSON list or comma list; default: all)")
+    g.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (cookies)")
+    g.add_argument("--root-path", default="", help="the path prefix a reverse proxy strips (FastAPI's root_path)")
+    g.add_argument("--log-requests", "--enable-log-requests", dest="log_requests", action="store_true",
+                   help="log each request's prompt and output text (otherwise logs never hold request text)")
+    g.add_argument("--max-log-len", type=positive_int, default=None,
+                   help="with --log-requests: characters of each prompt or output logged (default: all)")
+
+
+def _json_list(flag: str):
+    def parse(text: str) -> list[str]:
+        if text.lstrip()[:1] in ('[', '{', '"'):  # JSON, as vLLM reads it
+            try:
+                value = json.loads(text)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+            value = [value] if isinstance(value, str) else value
+            if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                raise argparse.ArgumentTypeError(f"{flag} must be a JSON list of strings, got {text!r}")
+            return value
+        return [v.strip() for v in text.split(",") if v.strip()]  # no origin, method or header has a comma
+    return parse
+
+
+def _cert_reqs(text: str) -> int:
+    from radixflow.server.tls import parse_cert_reqs
+
+    try:
+        return parse_cert_reqs(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--ssl-cert-reqs: ")) from None
 
 
 def engine_config(args) -> EngineConfig:
@@ -93,13 +149,27 @@ def server_config(args):
                         served_model_name=args.served_model_name, max_queue=args.max_queue,
                         default_max_tokens=args.default_max_tokens, drain_timeout=args.drain_timeout,
                         debug_endpoints=args.debug_endpoints, torch_threads=args.torch_threads,
-                        max_body_bytes=args.max_body_size, max_branches_per_request=args.max_branches_per_request)
+                        max_body_bytes=args.max_body_size, max_branches_per_request=args.max_branches_per_request,
+                        **security_fields(args))
+
+
+def security_fields(args) -> dict:
+    from radixflow.server.auth import ENV_VAR, parse_api_keys
+
+    return dict(api_keys=parse_api_keys(args.api_key, os.environ.get(ENV_VAR)), protect_metrics=args.protect_metrics,
+                allowed_origins=tuple(args.allowed_origins), allowed_methods=tuple(args.allowed_methods),
+                allowed_headers=tuple(args.allowed_headers), allow_credentials=args.allow_credentials,
+                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, ssl_ca_certs=args.ssl_ca_certs,
+                ssl_cert_reqs=args.ssl_cert_reqs, root_path=args.root_path.rstrip("/"),
+                log_requests=args.log_requests, max_log_len=args.max_log_len)
 
 
 def run(args) -> int:
     from radixflow.server.runner import serve
+    from radixflow.server.tls import check_tls
 
-    check_model(resolve_model(args.model))  # a bad name, path or file fails here, before the port opens
-    config = server_config(args)
+    config = server_config(args)  # bad keys fail here, before the port opens
+    check_tls(config.ssl_keyfile, config.ssl_certfile, config.ssl_ca_certs, config.ssl_cert_reqs)
+    check_model(resolve_model(args.model))  # a bad name, path or file fails here too
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     return serve(config, args.log_level)

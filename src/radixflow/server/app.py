@@ -3,7 +3,8 @@
 `create_app(config)` builds an app whose lifespan starts the engine thread (the model loads there;
 every endpoint answers 503 until it is ready) and a loop-lag probe, and stops both on shutdown. The
 generation endpoints live in `routes.py`, the tokenizer endpoints in `tokenize.py`; every request
-passes `GuardMiddleware` (body cap, JSON 500s).
+passes CORS (with `--allowed-origins`), the API-key check (with `--api-key`, `auth.py`) and
+`GuardMiddleware` (body cap, JSON 500s), in that order.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.middleware.cors import CORSMiddleware
 
 from radixflow import __version__
 from radixflow.engine.engine import Engine, EngineConfig
+from radixflow.server.auth import OPEN_PATHS, AuthMiddleware, route_path
 from radixflow.server.engine_loop import EngineLoop, pool_use
 from radixflow.server.errors import APIError, install_handlers
 from radixflow.server.guard import GuardMiddleware
@@ -42,6 +45,20 @@ class ServerConfig:
     torch_threads: int | None = None  # intra-op threads of the engine thread (default: torch's)
     max_body_bytes: int = 64 << 20  # larger request bodies get 413
     max_branches_per_request: int = 1024  # prompts x n of one request; more get 400
+    # security (docs/server.md "Security"): keys never appear in the repr, so never in a log
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no key needed
+    protect_metrics: bool = False  # /metrics needs the key too
+    allowed_origins: tuple[str, ...] = ()  # CORS; empty: no cross-origin browser access
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0  # ssl.CERT_NONE; 2 = CERT_REQUIRED: clients must present a certificate
+    root_path: str = ""  # the prefix a path-routing proxy strips
+    log_requests: bool = False  # log prompt and output texts (else logs never hold request text)
+    max_log_len: int | None = None  # with log_requests: characters of each text logged
 
 
 class ServerState:
@@ -83,19 +100,37 @@ def create_app(config: ServerConfig) -> FastAPI:
     install_handlers(app, count)
     app.include_router(router)
     app.include_router(tokenize_router)
-    app.add_middleware(GuardMiddleware, max_body_bytes=config.max_body_bytes, count=count,
-                       endpoint=lambda scope: _endpoint(app, scope))
+    endpoint = lambda scope: _endpoint(app, scope)  # noqa: E731
+    # Outermost last: CORS (a browser can read even a 401) > keys (before any body is read) > guard.
+    app.add_middleware(GuardMiddleware, max_body_bytes=config.max_body_bytes, count=count, endpoint=endpoint)
+    if config.api_keys:
+        open_paths = OPEN_PATHS if config.protect_metrics else OPEN_PATHS | {"/metrics"}
+        app.add_middleware(AuthMiddleware, keys=config.api_keys, open_paths=open_paths, count=count,
+                           endpoint=endpoint)
+    if config.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+                           allow_methods=list(config.allowed_methods), allow_headers=list(config.allowed_headers),
+                           allow_credentials=config.allow_credentials)
 
     @app.get("/health")
     async def health() -> JSONResponse:
         state.loop.check_available()
         return JSONResponse({"status": "ok"})
 
+    def card() -> dict:
+        return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "radixflow",
+                "root": config.engine.model, "max_model_len": config.engine.max_model_len}
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "radixflow",
-                "root": config.engine.model, "max_model_len": config.engine.max_model_len}
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [card()]})
+
+    @app.get("/v1/models/{model_id:path}")  # the OpenAI client's models.retrieve; an id may hold '/'
+    async def model(model_id: str) -> JSONResponse:
+        if model_id not in (state.model_name, config.engine.model):
+            raise APIError(404, f"the model '{model_id}' does not exist; this server serves '{state.model_name}'",
+                           "model", "model_not_found")
+        return JSONResponse(card())
 
     @app.get("/version")
     async def version() -> JSONResponse:
@@ -124,7 +159,8 @@ def _endpoint(app: FastAPI, scope: dict) -> str:
     if paths is None:  # built on first use, once every route is declared
         paths = {r.path for rt in (app.router, router, tokenize_router) for r in rt.routes if hasattr(r, "path")}
         app.state.paths = paths
-    return scope["path"] if scope.get("path") in paths else "unmatched"
+    path = route_path(scope)
+    return path if path in paths else "unmatched"
 
 
 async def _probe_loop_lag(metrics: ServerMetrics) -> None:

@@ -151,7 +151,7 @@ class EngineLoop:
         try:
             self.engine = Engine(self.config)
         except BaseException as e:  # reported as 503 on every call and by /health
-            log.exception("model failed to load")
+            log.exception("model failed to load", extra={"trusted": True})  # no request text in it
             self.load_error = e
             return
         # As vLLM's server does after start-up: the model's objects move out of the collector's
@@ -162,6 +162,7 @@ class EngineLoop:
         sc = eng.scheduler
         self._update_gauges()
         self.ready.set()
+        log.info("model %s loaded: ready", self.config.model)
         progressed = True
         while True:
             if not self._apply_commands(self._wait_time(progressed)):

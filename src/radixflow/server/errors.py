@@ -10,8 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}
 RETRY_AFTER_S = 1  # the Retry-After a 429 carries: the queue drains as soon as a round frees rows
 
 
@@ -52,6 +52,12 @@ class ErrorJSONResponse(JSONResponse):
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param, "invalid_value")
+
+
+def unauthorized() -> APIError:
+    """401 for a missing, malformed or wrong key alike: the answer never says which part was wrong."""
+    return APIError(401, "a valid API key is required: send 'Authorization: Bearer <key>'", None,
+                    "invalid_api_key", {"WWW-Authenticate": "Bearer"})
 
 
 def unexpected(exc: BaseException) -> APIError:

@@ -22,6 +22,7 @@ from radixflow.server import params as rp
 from radixflow.server.engine_loop import Delta, Failed, Finished
 from radixflow.server.errors import bad_request, unexpected
 from radixflow.server.inputs import check_fanout, check_text, encode_prompts, encode_text, off_loop
+from radixflow.server.logs import StreamLog, log_output, log_request
 from radixflow.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from radixflow.server.render import (
     TextStream,
@@ -48,6 +49,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     rp.refuse_unsupported(body)
     rid = _request_id("cmpl", body)
     prompts, branches = await off_loop(_completion_inputs, eng, rid, body, server.config.max_branches_per_request)
+    log_request(server.config, rid, "/v1/completions", body.prompt_list())
     meta = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": server.model_name}
     texts = {b.index: _text_stream(tok, body, prompts[b.index // body.n] if body.echo else None)
              for b in branches}
@@ -80,6 +82,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             choice["prompt_token_ids"] = prompt
             choice["token_ids"] = list(b.output)
         choices.append(choice)
+    log_output(server.config, rid, [c["text"] for c in choices])
     return JSONResponse({**meta, "choices": choices, "usage": usage(req.branches, body.n)})
 
 
@@ -140,6 +143,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     rp.refuse_unsupported(body)
     rid = _request_id("chatcmpl", body)
     prompt_text, prompt, branches = await off_loop(_chat_inputs, eng, rid, body, server.config)
+    log_request(server.config, rid, "/v1/chat/completions", [prompt_text])
     meta = {"id": rid, "object": "chat.completion.chunk" if body.stream else "chat.completion",
             "created": int(time.time()), "model": server.model_name}
     last = body.messages[-1]
@@ -165,6 +169,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         if body.return_token_ids:
             choice["token_ids"] = list(b.output)
         choices.append(choice)
+    log_output(server.config, rid, [c["message"]["content"] for c in choices])
     out = {**meta, "choices": choices, "usage": usage(req.branches, body.n)}
     if body.prompt_logprobs is not None:
         out["prompt_logprobs"] = prompt_logprobs(tok, prompt, req.branches[0].user_data.prompt_logprobs,
@@ -301,6 +306,7 @@ async def _wait(tracked: TrackedRequest, server, endpoint: str):
 def _sse(tracked: TrackedRequest, server, endpoint: str, chunks) -> StreamingResponse:
     async def events() -> AsyncIterator[str]:
         status = "disconnected"
+        shown = StreamLog(server.config)
         try:
             while True:
                 ev = await tracked.next(watch_disconnect=False)  # Starlette cancels us on disconnect
@@ -309,14 +315,16 @@ def _sse(tracked: TrackedRequest, server, endpoint: str, chunks) -> StreamingRes
                     yield ev.error.sse()
                     break
                 try:
-                    lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks(ev)]
+                    rendered = list(chunks(ev))
+                    lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in rendered]
                 except Exception as e:  # a bug while rendering: the client still gets an error event
                     log.exception("rendering a stream chunk failed")
                     err = unexpected(e)
                     status = str(err.status)
                     yield err.sse()
                     break
-                for line in lines:
+                for chunk, line in zip(rendered, lines):
+                    shown.add(chunk)
                     yield line
                 if isinstance(ev, Finished):
                     status = "200"
@@ -324,6 +332,7 @@ def _sse(tracked: TrackedRequest, server, endpoint: str, chunks) -> StreamingRes
             yield "data: [DONE]\n\n"
         finally:
             tracked.close()
+            shown.close()
             server.metrics.requests.labels(endpoint, status).inc()
 
     return StreamingResponse(events(), media_type="text/event-stream",

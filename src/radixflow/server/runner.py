@@ -13,7 +13,9 @@ import time
 
 import uvicorn
 
+from radixflow.server import logs
 from radixflow.server.app import ServerConfig, ServerState, create_app
+from radixflow.server.auth import exposure_warning
 from radixflow.server.errors import APIError
 
 log = logging.getLogger("radixflow.server")
@@ -54,11 +56,18 @@ def build_server(config: ServerConfig, log_level: str = "info") -> DrainingServe
     app = create_app(config)
     # The drain above is the graceful part; uvicorn's own wait only lets connections finish sending.
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level, lifespan="on",
-                        timeout_graceful_shutdown=_CLOSE_GRACE_S)
+                        timeout_graceful_shutdown=_CLOSE_GRACE_S, root_path=config.root_path,
+                        ssl_keyfile=config.ssl_keyfile, ssl_certfile=config.ssl_certfile,
+                        ssl_ca_certs=config.ssl_ca_certs, ssl_cert_reqs=config.ssl_cert_reqs)
+    logs.install(reveal=config.log_requests)  # after uvicorn.Config has configured its loggers
     return DrainingServer(uv, app.state.server, config.drain_timeout)
 
 
 def serve(config: ServerConfig, log_level: str = "info") -> int:
     server = build_server(config, log_level)
+    warning = exposure_warning(config.host, config.api_keys)
+    if warning:
+        log.warning(warning)
+    logs.route_thread_errors()  # a thread's uncaught traceback goes through the log filter too
     server.run()
     return 0
