@@ -40,7 +40,7 @@ class ScoreOutput:
 
 
 _SCHED_FLAGS = {"max_num_seqs", "max_num_batched_tokens", "block_size", "state_interval", "enable_prefix_caching",
-                "checkpoints", "checkpoint_wait"}
+                "checkpoints", "checkpoint_wait", "handoff", "handoff_max_levels"}
 
 
 class LLM:
