@@ -299,8 +299,9 @@ def test_llm_accepts_the_handoff_flags():
 def _scheduler_emits_dependents() -> bool:
     """Capability check: does the core Scheduler place dependent rows yet (issue 18's scheduler side)?
     Four siblings over one document with branch checkpoints and handoff='on', as LLM.score makes
-    them: any Fragment with `after` in the first rounds."""
+    them, driven to the end with a stand-in executor: any Fragment with `after`."""
     from radixflow.config import SchedulerConfig
+    from radixflow.core.batch import ExecResult, Sample
     from radixflow.core.policies import get_arm
     from radixflow.core.scheduler import Scheduler
 
@@ -311,12 +312,19 @@ def _scheduler_emits_dependents() -> bool:
     for i in range(4):
         s.add(Branch("cap", i, tuple(doc + ids(3 + i, 10 + i))))
     now = 0.0
-    for _ in range(8):
+    for _ in range(20):
+        if not s.has_unfinished:
+            break
         s.admit(now)
         batch = s.schedule(now)
-        if batch:
-            return any(getattr(f, "after", None) is not None for f in batch.fragments)
-        now = s.next_deadline if s.next_deadline is not None else now + 0.01
+        if not batch:
+            now = s.next_deadline if s.next_deadline is not None else now + 0.01
+            continue
+        if any(getattr(f, "after", None) is not None for f in batch.fragments):
+            return True
+        now += 0.001
+        s.complete(batch, ExecResult(0.001, {i: Sample(1) for i, f in enumerate(batch.fragments) if f.samples}),
+                   now)
     return False
 
 
@@ -335,10 +343,11 @@ def test_score_with_handoff_equals_a_cold_run():
     warm = LLM("tiny-qwen3.5", checkpoints="branch", handoff="on", **opts)
     got = warm.score(doc, cands, logprobs=5)
     cold = LLM("tiny-qwen3.5", enable_prefix_caching=False, **opts).score(doc, cands, logprobs=5)
-    assert got.handoff_rows >= 1 and warm.engine.handoff_rows == got.handoff_rows
     for g, c in zip(got.next_token_logprobs, cold.next_token_logprobs):
         assert [t for t, _ in g] == [t for t, _ in c]
         assert max(abs(a - b) for (_, a), (_, b) in zip(g, c)) < TOL
+    assert got.handoff_rows >= 1, "no candidate ran as a dependent row"
+    assert warm.engine.handoff_rows == got.handoff_rows and warm.engine.handoff_time > 0
     s = warm.engine.scheduler
     s.check_integrity()
     assert s.holds_nothing()
