@@ -9,8 +9,8 @@ state at 89), then ONE call whose rows are:
      with its own state_out capture                      partial page reach back through row 7 into row 6's
   3  after 1 at 150: the producer's end                9  decode row at 89 (a 1-token producer)
   4  after 1 at 64: a 1-token dependent on a page     10  after 9 at 90
-     boundary
-  5  after 2 at 50: level 2
+     boundary                                         11  after 1 at 37, beside row 2: two dependents
+  5  after 2 at 50: level 2                                 at one depth (sibling candidates)
 
 and returns every row's logits beside the full prompt each row continues (what a cold run computes).
 """
@@ -28,8 +28,9 @@ BLOCK = 16
 CASES = {0: "unrelated level-0 row", 1: "producer", 2: "dependent inside a page and a chunk",
          3: "dependent at the producer's end", 4: "1-token dependent at a page boundary",
          5: "level-2 dependent", 6: "producer resuming from a snapshot", 7: "dependent with d - a < K - 1",
-         8: "level-2 dependent with d - a < K - 1", 9: "decode producer", 10: "dependent of a decode row"}
-DEPENDENTS = (2, 3, 4, 5, 7, 8, 10)
+         8: "level-2 dependent with d - a < K - 1", 9: "decode producer", 10: "dependent of a decode row",
+         11: "second dependent at row 2's depth"}
+DEPENDENTS = (2, 3, 4, 5, 7, 8, 10, 11)
 CAPTURE_SLOT, CAPTURE_AT = 4, 10   # row 2 captures its state after 10 of its tokens (position 47)
 
 
@@ -61,9 +62,10 @@ def handoff_rows(seq: dict[str, list[int]], hybrid: bool, after: bool = True) ->
     """The hand-off call's rows and the full prompt of each; after=False drops every `after`."""
     x, x2, y = seq["x"], seq["x2"], seq["y"]
     u, t2, t3, t5, t7, t8, t10 = ids(70, 4), ids(20, 5), ids(9, 6), ids(30, 7), ids(12, 8), ids(5, 9), ids(6, 10)
+    t11 = ids(14, 11)
     xp, x2p, yp = pages(0, 150), pages(30, 70), pages(60, 90)
     prompts = {0: u, 1: x, 2: x[:37] + t2, 3: x + t3, 4: x[:64] + [11], 5: x[:37] + t2[:13] + t5,
-               6: x2, 7: x2[:41] + t7, 8: x2[:41] + t7[:1] + t8, 9: y, 10: y[:90] + t10}
+               6: x2, 7: x2[:41] + t7, 8: x2[:41] + t7[:1] + t8, 9: y, 10: y[:90] + t10, 11: x[:37] + t11}
     own = iter(range(100, 128))                       # private pages of the dependents
     tables: dict[int, list[int]] = {0: pages(80, 70), 1: xp, 6: x2p, 9: yp}
 
@@ -71,14 +73,14 @@ def handoff_rows(seq: dict[str, list[int]], hybrid: bool, after: bool = True) ->
         q = d // BLOCK
         return tables[producer][:q] + [next(own) for _ in range(-(-end // BLOCK) - q)]
 
-    spec = {2: (1, 37), 3: (1, 150), 4: (1, 64), 5: (2, 50), 7: (6, 41), 8: (7, 42), 10: (9, 90)}
+    spec = {2: (1, 37), 3: (1, 150), 4: (1, 64), 5: (2, 50), 7: (6, 41), 8: (7, 42), 10: (9, 90), 11: (1, 37)}
     for i in sorted(spec):
         p, d = spec[i]
         tables[i] = dep_table(p, d, len(prompts[i]))
     starts = {0: 0, 1: 0, 6: 40, 9: 89, **{i: d for i, (_, d) in spec.items()}}
     state_in = {6: 1, 9: 2} if hybrid else {}
     rows = []
-    for i in range(11):
+    for i in range(len(prompts)):
         toks = prompts[i][starts[i]:]
         outs = [(70, 3)] if i == 0 and hybrid else [(CAPTURE_AT, CAPTURE_SLOT)] if i == 2 and hybrid else []
         rows.append(RowInput(toks, starts[i], tables[i], state_in.get(i), outs, list(range(len(toks))),

@@ -169,6 +169,21 @@ def test_rows_without_after_unchanged(pair):
         at += n
 
 
+def test_bf16_dependents_stay_within_bf16_noise(pair, tmp_path):
+    """bf16 weights, KV and conv windows (fp32 recurrent state): the dependents stay as close to a
+    bf16 cold run, and to fp32, as a bf16 resume does (test_loader's bound)."""
+    name, model32, _ = pair
+    if not model32.is_hybrid:
+        pytest.skip("full attention: covered by fp32")
+    model = load_model(ensure_tiny_model(name, cache_dir=tmp_path), dtype=torch.bfloat16).model
+    run, _ = run_handoff(model)
+    for i in DEPENDENTS:
+        cold16 = cold_logits(model, run.prompts[i])[run.rows[i].start:]
+        cold32 = cold_logits(model32, run.prompts[i])[run.rows[i].start:]
+        assert (run.logits[i] - cold16).abs().max() < 0.25, f"{name} row {i} ({CASES[i]})"
+        assert (run.logits[i] - cold32).abs().max() < 0.5, f"{name} row {i} ({CASES[i]})"
+
+
 def test_full_attention_has_no_levels(pair):
     """On full attention `after` only means reading the producer's K/V: nothing recurrent is run."""
     name, model, _ = pair
