@@ -32,6 +32,7 @@ CASES = {0: "unrelated level-0 row", 1: "producer", 2: "dependent inside a page 
          11: "second dependent at row 2's depth"}
 DEPENDENTS = (2, 3, 4, 5, 7, 8, 10, 11)
 CAPTURE_SLOT, CAPTURE_AT = 4, 10   # row 2 captures its state after 10 of its tokens (position 47)
+PRODUCER_SLOT = 5                  # row 1 captures at 37, the depth it hands to rows 2 and 11 (a branch point)
 
 
 def ids(n: int, seed: int) -> list[int]:
@@ -82,7 +83,7 @@ def handoff_rows(seq: dict[str, list[int]], hybrid: bool, after: bool = True) ->
     rows = []
     for i in range(len(prompts)):
         toks = prompts[i][starts[i]:]
-        outs = [(70, 3)] if i == 0 and hybrid else [(CAPTURE_AT, CAPTURE_SLOT)] if i == 2 and hybrid else []
+        outs = {0: [(70, 3)], 1: [(37, PRODUCER_SLOT)], 2: [(CAPTURE_AT, CAPTURE_SLOT)]}.get(i, []) if hybrid else []
         rows.append(RowInput(toks, starts[i], tables[i], state_in.get(i), outs, list(range(len(toks))),
                              spec[i][0] if after and i in spec else None))
     return rows, prompts

@@ -20,6 +20,7 @@ from handoff_cases import (
     CAPTURE_SLOT,
     CASES,
     DEPENDENTS,
+    PRODUCER_SLOT,
     cold_logits,
     handoff_rows,
     ids,
@@ -127,19 +128,21 @@ def pair(request, tmp_path_factory):
     return request.param, load_model(path).model, AutoModelForCausalLM.from_pretrained(path).eval()
 
 
-def test_a_dependent_captures_its_own_state(pair):
-    """Row 2 captures its state after 10 of its own tokens; a later call resumes from it exactly."""
+@pytest.mark.parametrize("row,at,slot", [(2, 37 + CAPTURE_AT, CAPTURE_SLOT), (1, 37, PRODUCER_SLOT)],
+                         ids=["dependent", "producer-at-its-handoff-depth"])
+def test_captures_beside_handoffs_resume_exactly(row, at, slot, pair):
+    """Row 2 (a dependent) captures its state after 10 of its own tokens, and row 1 at the depth it
+    hands to rows 2 and 11 (a branch checkpoint there); a later call resumes from each exactly."""
     _, model, hf = pair
     if not model.is_hybrid:
         pytest.skip("full attention has no state to capture")
     run, cache = run_handoff(model)
-    r = run.rows[2]
-    at = r.start + CAPTURE_AT
-    prompt = run.prompts[2][:at] + ids(25, 20)
+    r = run.rows[row]
+    prompt = run.prompts[row][:at] + ids(25, 20)
     table = r.page_table[:at // BLOCK] + pages(140, len(prompt), at // BLOCK)
     cache.copy_page(r.page_table[at // BLOCK], table[at // BLOCK])  # its partial page, as the scheduler copies it
     rest = prompt[at:]
-    out = model([RowInput(rest, at, table, CAPTURE_SLOT, [], list(range(len(rest))))], cache)
+    out = model([RowInput(rest, at, table, slot, [], list(range(len(rest))))], cache)
     assert (out - _reference(hf, prompt)[at:]).abs().max() < TOL
 
 
