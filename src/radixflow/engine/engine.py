@@ -68,6 +68,8 @@ class Engine:
         self.executor = EngineExecutor(model, self.cache, self.loaded.tokenizer, keep_logits)
         self.scheduler = Scheduler(sc, get_arm(config.policy), model.is_hybrid)
         self.now = 0.0
+        self.handoff_rows = 0      # rows run as dependents of a same-forward producer (SPEC §15)
+        self.handoff_time = 0.0    # seconds measured in their extra recurrent levels
         self.requests: dict[str, LogicalRequest] = {}
         self._grammar_compiler = None
 
@@ -148,6 +150,8 @@ class Engine:
         if not batch:
             return batch, []
         result = self.executor.execute(batch)
+        self.handoff_rows += sum(f.after is not None for f in batch.fragments)
+        self.handoff_time += result.handoff_time
         self.now = self.now + result.host_time if now is None else max(self.now, now + result.host_time)
         self.scheduler.complete(batch, result, self.now)
         finished = []

@@ -1,4 +1,5 @@
-"""The real executor: one batched model forward per round, then sampling; measures c(B) on the host."""
+"""The real executor: one batched model forward per round, then sampling; measures c(B) on the host,
+and the part of it spent in the recurrent levels of dependent rows (SPEC §15, `ExecResult.handoff_time`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 import torch
 
 from radixflow.core.batch import Batch, ExecResult, Sample
+from radixflow.engine.models.batch import LevelClock
 from radixflow.engine.models.cache import ModelCache, RowInput
 from radixflow.engine.sampling import (
     RowContext,
@@ -61,11 +63,13 @@ class EngineExecutor:
             if f.samples:
                 sampling.append((i, n_logits + len(at) - 1))
             n_logits += len(at)
-            rows.append(RowInput(list(f.token_ids), f.start, f.page_table, f.state_in, list(f.state_out), at))
+            rows.append(RowInput(list(f.token_ids), f.start, f.page_table, f.state_in, list(f.state_out), at,
+                                 f.after))
         for f in batch.fragments:  # a resume inside a page starts from a copy of that page's K/V
             for src, dst in f.copies_before:
                 self.cache.copy_page(src, dst)
-        logits = self.model(rows, self.cache)
+        clock = LevelClock(self.device)
+        logits = self.model(rows, self.cache, clock)
         for f in batch.fragments:  # an exact-depth checkpoint keeps its own copy of the partial page
             for src, dst in f.copies_after:
                 self.cache.copy_page(src, dst)
@@ -93,7 +97,7 @@ class EngineExecutor:
                 samples[i] = Sample(token, out.logprobs[j], out.top_logprobs[j], reason)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return ExecResult(time.perf_counter() - t0, samples)
+        return ExecResult(time.perf_counter() - t0, samples, handoff_time=clock.seconds)
 
     def _prompt_positions(self, f) -> list[int]:
         """Local positions whose logits score the next prompt token, for branches asking for prompt

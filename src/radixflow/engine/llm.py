@@ -37,10 +37,11 @@ class ScoreOutput:
     candidates: list[str]
     next_token_logprobs: list[list[tuple[int, float]]]
     cached_tokens: list[int]
+    handoff_rows: int = 0  # rows that ran as dependents of a same-forward producer (SPEC §15)
 
 
 _SCHED_FLAGS = {"max_num_seqs", "max_num_batched_tokens", "block_size", "state_interval", "enable_prefix_caching",
-                "checkpoints", "checkpoint_wait"}
+                "checkpoints", "checkpoint_wait", "handoff", "handoff_max_levels"}
 
 
 class LLM:
@@ -87,10 +88,11 @@ class LLM:
         branches = [self.engine.make_branch(rid, i, doc + self._encode(c), p, namespace)
                     for i, c in enumerate(candidates)]
         req = self.engine.add(branches)
+        handed = self.engine.handoff_rows
         self._drain()
         return ScoreOutput([c if isinstance(c, str) else str(c) for c in candidates],
                            [b.user_data.top_logprobs[0] or [] for b in req.branches],
-                           [b.cached_tokens or 0 for b in req.branches])
+                           [b.cached_tokens or 0 for b in req.branches], self.engine.handoff_rows - handed)
 
     def _drain(self) -> None:
         eng = self.engine

@@ -2,7 +2,8 @@
 
 Every row's new K/V is written into its pages BEFORE any row reads, so a row may read pages that
 another row of the same call writes (same-round sharing of a common prefix). A row that starts at
-position 0 reads its own fresh K/V directly, skipping the gather from the cache.
+position 0 reads its own fresh K/V directly, skipping the gather from the cache. A dependent row
+(SPEC §15) gets the part of the page its start cuts forked from its producer's page after the writes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Ba
     v_pool = cache.v[layer].view(-1, v.shape[1], v.shape[2])
     k_pool.index_copy_(0, batch.kv_write_index, k.to(k_pool.dtype))
     v_pool.index_copy_(0, batch.kv_write_index, v.to(v_pool.dtype))
+    forks = batch.kv_forks
+    if forks is not None:
+        dst, src = forks
+        k_pool.index_copy_(0, dst, k_pool.index_select(0, src))
+        v_pool.index_copy_(0, dst, v_pool.index_select(0, src))
     out = torch.empty_like(q)
     for i, row in enumerate(batch.rows):
         lo, hi = batch.offsets[i], batch.offsets[i + 1]

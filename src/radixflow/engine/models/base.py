@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .batch import BatchContext, validate_rows
+from .batch import BatchContext, LevelClock, validate_rows
 from .cache import CacheLayout, ModelCache, RowInput
 
 _REQUIRED = object()
@@ -89,12 +89,14 @@ class CausalLM(nn.Module):
                           device or p.device, dtype or p.dtype)
 
     @torch.inference_mode()
-    def forward(self, rows: list[RowInput], cache: ModelCache) -> torch.Tensor:
-        """Run all rows in one batched call; returns fp32 logits [sum(len(r.logits_at)), vocab]."""
+    def forward(self, rows: list[RowInput], cache: ModelCache, clock: LevelClock | None = None) -> torch.Tensor:
+        """Run all rows in one batched call; returns fp32 logits [sum(len(r.logits_at)), vocab].
+
+        `clock`, if given, accumulates the time spent in recurrent levels >= 1 (dependent rows)."""
         validate_rows(rows, cache.block_size, cache.num_pages, cache.num_state_slots, self.is_hybrid)
         if not rows:
             return torch.empty(0, self.vocab_size, device=cache.device)
-        batch = BatchContext(rows, cache.block_size, cache.device)
+        batch = BatchContext(rows, cache.block_size, cache.device, clock)
         self.prepare(batch)
         h = self.embed(batch.token_ids)
         for layer in self.model.layers:

@@ -3,10 +3,19 @@
 Everything here is computed once per forward and shared by all layers: token ids and positions of
 the packed tokens, where each token's K/V goes in the paged cache, which cache slots each row's
 attention reads, and the layouts the linear layers use (flat conv windows, flat scan chunks).
+
+Dependent rows (SPEC §15, `RowInput.after`): a row may start from the state its producer row, earlier
+in the same call, reaches at the row's `start`. The recurrent scans then run in `levels` (level 0: rows
+without a producer; level k + 1: the dependents of level k rows), each level handing its rows' states
+at the dependents' depths to the next; the conv windows and the KV page a dependent's start cuts are
+taken from the producer in one pass (`ConvPlan.hand_dst/src`, `kv_forks`).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -33,12 +42,46 @@ def validate_rows(rows: list[RowInput], block_size: int, num_pages: int, num_slo
             raise ValueError(f"row {i}: page_table has a page id outside [0, {num_pages})")
         if any(not 0 <= j < n for j in r.logits_at):
             raise ValueError(f"row {i}: logits_at must be local indices in [0, {n})")
+        if r.after is not None:
+            _validate_after(i, rows, block_size)
         if hybrid:
             _validate_states(i, r, n, num_slots)
 
 
+def _validate_after(i: int, rows: list[RowInput], block_size: int) -> None:
+    """A dependent row: an earlier producer row p with p.start < start <= p.end, no state_in, p's pages
+    below the page `start` cuts, and its own page there."""
+    r, j = rows[i], rows[i].after
+    if not isinstance(j, int) or isinstance(j, bool):
+        raise ValueError(f"row {i}: after must be a row index, got {j!r}")
+    if not 0 <= j < i:
+        chain, k = [i], j
+        while k is not None and 0 <= k < len(rows) and k not in chain:
+            chain.append(k)
+            k = rows[k].after
+        if k in chain:
+            path = " -> ".join(map(str, chain[chain.index(k):] + [k]))
+            raise ValueError(f"row {i}: after={j} makes a cycle of producers ({path})")
+        if not 0 <= j < len(rows):
+            raise ValueError(f"row {i}: after={j} names no row of this call (rows 0..{len(rows) - 1})")
+        raise ValueError(f"row {i}: after={j} names a later row; a producer must come before its dependents")
+    p = rows[j]
+    a, b, d = p.start, p.start + len(p.token_ids), r.start
+    if not a < d <= b:
+        raise ValueError(f"row {i}: start {d} is outside its producer row {j}'s (start, end] = ({a}, {b}]")
+    if r.state_in is not None:
+        raise ValueError(f"row {i}: state_in is {r.state_in} but the row starts from producer row {j}'s state "
+                         f"(after={j}); a dependent has no state_in")
+    q = d // block_size
+    if r.page_table[:q] != p.page_table[:q]:
+        raise ValueError(f"row {i}: its pages below position {q * block_size} must be producer row {j}'s")
+    if d % block_size and r.page_table[q] == p.page_table[q]:
+        raise ValueError(f"row {i}: page {q}, which its start {d} cuts, is producer row {j}'s page "
+                         f"{p.page_table[q]}; a dependent needs its own page there")
+
+
 def _validate_states(i: int, r: RowInput, n: int, num_slots: int) -> None:
-    if r.state_in is None and r.start != 0:
+    if r.state_in is None and r.start != 0 and r.after is None:
         raise ValueError(f"row {i}: state_in is None but start = {r.start} (zero state only at 0)")
     if r.state_in is not None and not 0 <= r.state_in < num_slots:
         raise ValueError(f"row {i}: state_in slot {r.state_in} outside [0, {num_slots})")
@@ -59,21 +102,67 @@ class ConvPlan:
     total: int
     capture_pos: torch.Tensor       # [C, width] flat positions of the window after n tokens
     capture_slots: torch.Tensor     # [C]
+    # dependents' saved inputs: flat[hand_dst] = flat[hand_src] (the producer's inputs before the
+    # dependent's start, chains resolved); None when the call has no dependent row
+    hand_dst: torch.Tensor | None = None
+    hand_src: torch.Tensor | None = None
+
+
+class LevelClock:
+    """Time spent in the recurrent levels >= 1 of one call (SPEC §15's extra levels): the host clock
+    on CPU, CUDA events on a GPU (read after the call, so measuring adds no synchronisation)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._seconds = 0.0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextmanager
+    def measure(self) -> Iterator[None]:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self._seconds += time.perf_counter() - t0
+
+    @property
+    def seconds(self) -> float:
+        if self._events:
+            self._events[-1][1].synchronize()
+        return self._seconds + sum(s.elapsed_time(e) for s, e in self._events) / 1000.0
 
 
 class BatchContext:
     """Index tensors for one batched forward, built lazily and cached per chunk size / kernel."""
 
-    def __init__(self, rows: list[RowInput], block_size: int, device: torch.device) -> None:
+    def __init__(self, rows: list[RowInput], block_size: int, device: torch.device,
+                 clock: LevelClock | None = None) -> None:
         self.rows, self.block_size, self.device = rows, block_size, device
+        self.clock = clock
         self.lengths = [len(r.token_ids) for r in rows]
         self.offsets = [0]
         for n in self.lengths:
             self.offsets.append(self.offsets[-1] + n)
         self.num_tokens = self.offsets[-1]
         self.extras: dict[str, object] = {}
-        self._chunk_plans: dict[int, ChunkPlan] = {}
         self._conv_plans: dict[int, ConvPlan] = {}
+        self.dependents = [i for i, r in enumerate(rows) if r.after is not None]
+        level = [0] * len(rows)
+        for i in self.dependents:  # validated: producers come first
+            level[i] = level[rows[i].after] + 1  # type: ignore[index]
+        self.level_of = level
+        # hand-offs per producer row: (tokens of the producer's row before the dependent starts, dependent)
+        self.hands: dict[int, list[tuple[int, int]]] = {}
+        for i in self.dependents:
+            p = rows[i].after
+            self.hands.setdefault(p, []).append((rows[i].start - rows[p].start, i))  # type: ignore[index]
+        self.levels = [Level(self, [i for i in range(len(rows)) if level[i] == k], k)
+                       for k in range(max(level, default=0) + 1)]
 
     def _t(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -122,6 +211,24 @@ class BatchContext:
             self.extras[key] = torch.arange(r.start + n, device=self.device)[None, :] <= q_pos[:, None]
         return self.extras[key]  # type: ignore[return-value]
 
+    @cached_property
+    def kv_forks(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(destination, source) flat cache indices that fork the page a dependent's start cuts: rows
+        [0, start % block_size) of the producer's page into the dependent's own page, applied after
+        every row's K/V write; a fork of a fork reads the original. None when there is nothing to fork."""
+        bs, src_of, dst = self.block_size, {}, []
+        for i in self.dependents:
+            r = self.rows[i]
+            p = self.rows[r.after]  # type: ignore[index]
+            q, cut = divmod(r.start, bs)
+            for t in range(cut):
+                d, s = r.page_table[q] * bs + t, p.page_table[q] * bs + t
+                src_of[d] = src_of.get(s, s)
+                dst.append(d)
+        if not dst:
+            return None
+        return self._t(dst), self._t([src_of[d] for d in dst])
+
     # ---- linear layers ---------------------------------------------------------------------
     @cached_property
     def state_in_index(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,28 +237,6 @@ class BatchContext:
         zero = [r.state_in is None for r in self.rows]
         return self._t(slots), torch.tensor(zero, dtype=torch.bool, device=self.device)
 
-    @cached_property
-    def decode_rows(self) -> list[int]:
-        return [i for i, n in enumerate(self.lengths) if n == 1]
-
-    @cached_property
-    def prefill_rows(self) -> list[int]:
-        return [i for i, n in enumerate(self.lengths) if n > 1]
-
-    @cached_property
-    def decode_row_index(self) -> torch.Tensor:
-        return self._t(self.decode_rows)
-
-    @cached_property
-    def decode_token_index(self) -> torch.Tensor:
-        return self._t([self.offsets[i] for i in self.decode_rows])
-
-    @cached_property
-    def decode_captures(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(local decode-row index, slot) of every state_out of the 1-token rows."""
-        pairs = [(d, slot) for d, i in enumerate(self.decode_rows) for _, slot in self.rows[i].state_out]
-        return self._t([p[0] for p in pairs]), self._t([p[1] for p in pairs])
-
     def conv_plan(self, kernel: int) -> ConvPlan:
         if kernel not in self._conv_plans:
             self._conv_plans[kernel] = self._build_conv_plan(kernel - 1)
@@ -159,8 +244,10 @@ class BatchContext:
 
     def _build_conv_plan(self, w: int) -> ConvPlan:
         state_pos, token_pos, cap_pos, cap_slots = [], [], [], []
+        bases = []
         base = 0
         for r, n in zip(self.rows, self.lengths):
+            bases.append(base)
             state_pos.extend(range(base, base + w))
             token_pos.extend(range(base + w, base + w + n))
             for k, slot in r.state_out:
@@ -169,13 +256,75 @@ class BatchContext:
                 cap_slots.append(slot)
             base += w + n
         cap = self._t(cap_pos).view(len(cap_slots), w)
-        return ConvPlan(w, self._t(state_pos), self._t(token_pos), base, cap, self._t(cap_slots))
+        plan = ConvPlan(w, self._t(state_pos), self._t(token_pos), base, cap, self._t(cap_slots))
+        if self.dependents and w:
+            # a dependent's saved inputs are its producer's last w inputs before the dependent's start,
+            # which reach into the producer's own saved inputs when the producer ran fewer than w tokens
+            src_of: dict[int, int] = {}
+            for i in self.dependents:
+                p = self.rows[i].after
+                k = self.rows[i].start - self.rows[p].start  # type: ignore[index]
+                for t in range(w):
+                    s = bases[p] + k + t  # type: ignore[index]
+                    src_of[bases[i] + t] = src_of.get(s, s)
+            plan.hand_dst, plan.hand_src = self._t(list(src_of)), self._t(list(src_of.values()))
+        return plan
+
+
+class Level:
+    """The rows of one recurrent level and what they need: decode rows, the chunk plan of the
+    multi-token rows, their captures, and their hand-offs to the next level's rows."""
+
+    def __init__(self, batch: BatchContext, rows: list[int], depth: int) -> None:
+        self.batch, self.rows, self.depth = batch, rows, depth
+        self._chunk_plans: dict[int, ChunkPlan] = {}
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        """Count the work of levels >= 1 into the call's LevelClock, if it has one."""
+        if self.depth and self.batch.clock is not None:
+            with self.batch.clock.measure():
+                yield
+        else:
+            yield
+
+    def _t(self, values: list[int]) -> torch.Tensor:
+        return self.batch._t(values)
+
+    @cached_property
+    def decode_rows(self) -> list[int]:
+        return [i for i in self.rows if self.batch.lengths[i] == 1]
+
+    @cached_property
+    def prefill_rows(self) -> list[int]:
+        return [i for i in self.rows if self.batch.lengths[i] > 1]
+
+    @cached_property
+    def decode_row_index(self) -> torch.Tensor:
+        return self._t(self.decode_rows)
+
+    @cached_property
+    def decode_token_index(self) -> torch.Tensor:
+        return self._t([self.batch.offsets[i] for i in self.decode_rows])
+
+    @cached_property
+    def decode_captures(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(local decode-row index, slot) of every state_out of the 1-token rows."""
+        rows = self.batch.rows
+        pairs = [(d, slot) for d, i in enumerate(self.decode_rows) for _, slot in rows[i].state_out]
+        return self._t([p[0] for p in pairs]), self._t([p[1] for p in pairs])
+
+    @cached_property
+    def decode_hands(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(local decode-row index, dependent row) of the 1-token rows that have dependents; None if none."""
+        pairs = [(d, dep) for d, i in enumerate(self.decode_rows) for _, dep in self.batch.hands.get(i, ())]
+        if not pairs:
+            return None
+        return self._t([p[0] for p in pairs]), self._t([p[1] for p in pairs])
 
     def chunk_plan(self, chunk: int) -> ChunkPlan:
         if chunk not in self._chunk_plans:
-            self._chunk_plans[chunk] = self._build_chunk_plan(chunk)
+            b = self.batch
+            rows = [(i, b.offsets[i], b.lengths[i], b.rows[i].state_out) for i in self.prefill_rows]
+            self._chunk_plans[chunk] = build_chunk_plan(rows, chunk, b.num_tokens, b.device, b.hands)
         return self._chunk_plans[chunk]
-
-    def _build_chunk_plan(self, chunk: int) -> ChunkPlan:
-        rows = [(i, self.offsets[i], self.lengths[i], self.rows[i].state_out) for i in self.prefill_rows]
-        return build_chunk_plan(rows, chunk, self.num_tokens, self.device)

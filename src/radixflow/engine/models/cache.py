@@ -23,6 +23,9 @@ class RowInput:
     state_in: int | None = None
     state_out: list[tuple[int, int]] = field(default_factory=list)
     logits_at: list[int] = field(default_factory=list)
+    # SPEC §15: index of an earlier row of the same call whose state at `start` this row starts from
+    # (its producer); `state_in` is then None (docs/models.md, "Dependent rows")
+    after: int | None = None
 
 
 @dataclass(frozen=True)

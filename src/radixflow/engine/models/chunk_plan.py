@@ -6,12 +6,15 @@ a segment's last chunk is exactly the state after that many tokens. The chunks o
 stacked step-major with the rows sorted by chunk count (longest first), so at scan step s the
 active rows are the first n_s local rows and their chunks a contiguous range: every per-step
 access in the sequential scan is a view, never a gather.
+
+A plan covers the rows of one recurrent level (SPEC §15): a row's `handoffs` are cut like its captures,
+and the state there is handed to a dependent row of the next level instead of written to a slot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +28,8 @@ class ChunkPlan:
     flat_index: torch.Tensor        # [Np] where each of those tokens sits in the [M * chunk] layout
     steps: list[tuple[int, int]]    # per scan step: (first chunk id, number of active local rows)
     captures: dict[int, tuple[torch.Tensor, torch.Tensor]]  # step -> (local rows, slots) saved after it
+    # step -> (local rows, dependent batch rows) whose initial state is the state after that step
+    handoffs: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     all_tokens: bool = False        # token_index is every packed token, in order (no 1-token rows)
 
@@ -48,13 +53,15 @@ class ChunkPlan:
 def blocked_scan(plan: ChunkPlan, inputs: tuple[torch.Tensor, ...], state: torch.Tensor,
                  intra: Callable[..., tuple[torch.Tensor, ...]],
                  step: Callable[..., tuple[torch.Tensor, torch.Tensor]],
-                 out: torch.Tensor, save: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
+                 out: torch.Tensor, save: Callable[[torch.Tensor, torch.Tensor], None],
+                 hand: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> None:
     """Run a chunked scan over the plan: `intra` on blocks of chunks, then `step` chunk by chunk.
 
     inputs: [M, ...] chunk tensors; state: [R, ...] per local row, updated in place; out: [M, ...].
     `intra` runs on blocks of consecutive steps (about `_BLOCK_ELEMS` elements per chunk-by-chunk
     matrix) instead of all chunks at once, so on CPU its intermediates stay in cache while the
-    scan consumes them. save(local_rows, slots) is called after each step that has captures.
+    scan consumes them. save(local_rows, slots) is called after each step that has captures, and
+    hand(local_rows, dependent_rows) after each step that has hand-offs.
     """
     per_chunk = inputs[0][0].numel() // max(inputs[0].shape[-1], 1) * plan.chunk  # ~ H * C * C
     budget = len(plan.steps) * len(plan.rows) if inputs[0].is_cuda else max(1, _BLOCK_ELEMS // per_chunk)
@@ -66,6 +73,8 @@ def blocked_scan(plan: ChunkPlan, inputs: tuple[torch.Tensor, ...], state: torch
             out[first:first + n], state[:n] = step(state[:n], *(t[f:f + n] for t in pre))
             if s in plan.captures:
                 save(*plan.captures[s])
+            if hand is not None and s in plan.handoffs:
+                hand(*plan.handoffs[s])
 
 
 _BLOCK_ELEMS = 1 << 19
@@ -83,28 +92,37 @@ def _step_groups(plan: ChunkPlan, budget: int) -> list[tuple[int, int, list[tupl
     return groups
 
 
-def row_chunks(offset: int, n: int, cuts: list[tuple[int, int]], chunk: int
-               ) -> tuple[list[list[int]], list[tuple[int, int]]]:
-    """Chunks of one row (packed token index per slot, -1 = padding) and its (step, slot) captures."""
+def row_chunks(offset: int, n: int, cuts: list[tuple[int, int]], chunk: int,
+               hands: Sequence[tuple[int, int]] = ()) -> tuple[list[list[int]], list[tuple[int, int]],
+                                                           list[tuple[int, int]]]:
+    """Chunks of one row (packed token index per slot, -1 = padding), its (step, slot) captures and
+    its (step, dependent row) hand-offs; `cuts` are (k, slot), `hands` are (k, dependent row)."""
     slots_at: dict[int, list[int]] = {}
     for k, slot in cuts:
         slots_at.setdefault(k, []).append(slot)
+    deps_at: dict[int, list[int]] = {}
+    for k, dep in hands:
+        deps_at.setdefault(k, []).append(dep)
     chunks: list[list[int]] = []
     captures: list[tuple[int, int]] = []
+    handed: list[tuple[int, int]] = []
     prev = 0
-    for cut in sorted(set(slots_at) | {n}):
+    for cut in sorted(set(slots_at) | set(deps_at) | {n}):
         toks = list(range(offset + prev, offset + cut))
         toks += [-1] * (-len(toks) % chunk)
         chunks.extend(toks[i:i + chunk] for i in range(0, len(toks), chunk))
         captures.extend((len(chunks) - 1, slot) for slot in slots_at.get(cut, []))
+        handed.extend((len(chunks) - 1, dep) for dep in deps_at.get(cut, []))
         prev = cut
-    return chunks, captures
+    return chunks, captures, handed
 
 
 def build_chunk_plan(rows: list[tuple[int, int, int, list[tuple[int, int]]]], chunk: int, num_tokens: int,
-                     device: torch.device) -> ChunkPlan:
-    """rows: (batch row index, packed offset, length, state_out) of each multi-token row."""
-    per_row = [row_chunks(off, n, cuts, chunk) for _, off, n, cuts in rows]
+                     device: torch.device, hands: dict[int, list[tuple[int, int]]] | None = None) -> ChunkPlan:
+    """rows: (batch row index, packed offset, length, state_out) of each multi-token row; hands: batch
+    row -> (k, dependent row) of the rows whose state after k tokens a dependent starts from."""
+    hands = hands or {}
+    per_row = [row_chunks(off, n, cuts, chunk, hands.get(i, ())) for i, off, n, cuts in rows]
     order = sorted(range(len(rows)), key=lambda r: -len(per_row[r][0]))
     slot_of: dict[int, int] = {}        # packed token index -> slot in the [M * chunk] layout
     steps: list[tuple[int, int]] = []
@@ -118,14 +136,21 @@ def build_chunk_plan(rows: list[tuple[int, int, int, list[tuple[int, int]]]], ch
                     slot_of[tok] = num_slots + j
             num_slots += chunk
     captures: dict[int, list[tuple[int, int]]] = {}
+    handed: dict[int, list[tuple[int, int]]] = {}
     for local, r in enumerate(order):
         for step, slot in per_row[r][1]:
             captures.setdefault(step, []).append((local, slot))
+        for step, dep in per_row[r][2]:
+            handed.setdefault(step, []).append((local, dep))
 
     def t(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
     tokens = sorted(slot_of)
     return ChunkPlan([rows[r][0] for r in order], chunk, num_slots, t(tokens), t([slot_of[k] for k in tokens]),
-                     steps, {s: (t([p[0] for p in v]), t([p[1] for p in v])) for s, v in captures.items()},
-                     all_tokens=len(tokens) == num_tokens)
+                     steps, _pairs(captures, t), _pairs(handed, t), all_tokens=len(tokens) == num_tokens)
+
+
+def _pairs(by_step: dict[int, list[tuple[int, int]]], t: Callable[[list[int]], torch.Tensor]
+           ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    return {s: (t([p[0] for p in v]), t([p[1] for p in v])) for s, v in by_step.items()}

@@ -3,7 +3,8 @@
 The rows are laid out flat as `[saved K-1 inputs, tokens]` per row and convolved in one pass
 without padding: a token's window never reaches past its own row's saved inputs, and the outputs
 that straddle two rows are simply never read. The window after n tokens (a state snapshot) is a
-slice of the same flat tensor.
+slice of the same flat tensor. A dependent row's saved inputs (SPEC §15) are copied from its
+producer's part of the same flat tensor, so all levels share the one pass.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     flat = x.new_empty(plan.total, x.shape[1], dtype=torch.float32)
     flat[plan.state_pos] = init.transpose(1, 2).reshape(-1, x.shape[1]).float()
     flat[plan.token_pos] = x.float()
+    if plan.hand_dst is not None:  # dependents continue from their producer's inputs (SPEC §15)
+        flat[plan.hand_dst] = flat[plan.hand_src]
     # K shifted multiply-adds on the token-major layout: no transposes, no strided gathers
     w = weight[:, 0, :].float()                                # [C, K]
     span = plan.total - plan.width

@@ -7,14 +7,15 @@ Chunked form (chunk of C tokens, G = cumulative g inside the chunk, Gamma_ij = e
     (I + A) U = beta V,  (I + A) W = beta exp(G) K,   A_ij = beta_i Gamma_ij k_i.k_j  for j < i
     U' = U - W S;   O = (Q exp(G)) S + (Q K^T * Gamma, j <= i) U';   S <- exp(G_C) S + (K exp(G_C - G))^T U'
 The intra-chunk part is batched over the chunks of all rows (in cache-sized blocks on CPU); only the
-short state update loops, one step per chunk position.
+short state update loops, one step per chunk position. With dependent rows (SPEC §15) this runs once
+per level: a level's rows hand their states at the dependents' depths to the next level's rows.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .batch import BatchContext
+from .batch import BatchContext, Level
 from .cache import ModelCache
 from .chunk_plan import ChunkPlan, blocked_scan
 from .states import initial_states, save_states
@@ -27,25 +28,30 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     init = initial_states(pool, batch)          # every row's state read before any is written
     out = v.new_empty(v.shape, dtype=torch.float32)
     args = [t.float() for t in (q, k, v, g, beta)]
-    if batch.decode_rows:
-        _decode(args, init, batch, pool, out)
-    if batch.prefill_rows:
-        _prefill(args, init, batch.chunk_plan(chunk), pool, out)
+    for level in batch.levels:
+        with level.timed():
+            if level.decode_rows:
+                _decode(args, init, level, pool, out)
+            if level.prefill_rows:
+                _prefill(args, init, level.chunk_plan(chunk), pool, out)
     return out
 
 
-def _decode(args: list[torch.Tensor], init: torch.Tensor, batch: BatchContext, pool: torch.Tensor,
+def _decode(args: list[torch.Tensor], init: torch.Tensor, level: Level, pool: torch.Tensor,
             out: torch.Tensor) -> None:
     """One token per row: the recurrence itself, batched over the decode rows."""
-    idx = batch.decode_token_index
+    idx = level.decode_token_index
     q, k, v, g, beta = (t[idx] for t in args)
-    rows = batch.decode_row_index
+    rows = level.decode_row_index
     s = init[rows] * g.exp()[..., None, None]
     u = beta[..., None] * (v - torch.einsum("rhk,rhkv->rhv", k, s))
     s = s + k[..., :, None] * u[..., None, :]
     out[idx] = torch.einsum("rhk,rhkv->rhv", q, s)
-    local, slots = batch.decode_captures
+    local, slots = level.decode_captures
     save_states(pool, slots, s[local])
+    if level.decode_hands is not None:  # a dependent's initial state: read when its level runs
+        local, deps = level.decode_hands
+        init.index_copy_(0, deps, s[local])
 
 
 def _prefill(args: list[torch.Tensor], init: torch.Tensor, plan: ChunkPlan, pool: torch.Tensor,
@@ -59,7 +65,8 @@ def _prefill(args: list[torch.Tensor], init: torch.Tensor, plan: ChunkPlan, pool
     state = init[rows]
     o = torch.empty_like(v)
     blocked_scan(plan, (q, k, v, g, beta), state, _intra_chunk, _scan_chunk, o,
-                 lambda local, slots: save_states(pool, slots, state[local]))
+                 lambda local, slots: save_states(pool, slots, state[local]),
+                 lambda local, deps: init.index_copy_(0, deps, state[local]))
     flat = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[-1])      # [M*C, H, dv]
     out.index_copy_(0, plan.token_index, flat.index_select(0, plan.flat_index))
 

@@ -5,14 +5,15 @@ Per head, with state S [P, N], scalar decay a_t = dt_t * A <= 0 and B_t, C_t sha
 
 Chunked form (cum = cumulative a inside a chunk, L_ij = exp(cum_i - cum_j) for j <= i):
     Y = ((C B^T) * L) (dt X)  +  exp(cum) * (C S^T);   S <- exp(cum_C) S + (dt X * exp(cum_C - cum))^T B
-Heads are kept as [groups, heads per group] so B and C are never copied per head.
+Heads are kept as [groups, heads per group] so B and C are never copied per head. With dependent
+rows (SPEC §15) the scan runs once per level, each level handing states to the next (gated_delta.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .batch import BatchContext
+from .batch import BatchContext, Level
 from .cache import ModelCache
 from .chunk_plan import ChunkPlan, blocked_scan
 from .states import initial_states, save_states
@@ -28,24 +29,29 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a_log_neg: torch.Tensor, b: torc
     decay = dt.float() * a_log_neg.float()
     args = [xdt, decay, b.float(), c.float()]
     out = x.new_empty(x.shape, dtype=torch.float32)
-    if batch.decode_rows:
-        _decode(args, init, batch, pool, out, groups)
-    if batch.prefill_rows:
-        _prefill(args, init, batch.chunk_plan(chunk), pool, out, groups)
+    for level in batch.levels:
+        with level.timed():
+            if level.decode_rows:
+                _decode(args, init, level, pool, out, groups)
+            if level.prefill_rows:
+                _prefill(args, init, level.chunk_plan(chunk), pool, out, groups)
     return out
 
 
-def _decode(args, init, batch: BatchContext, pool, out, groups: int) -> None:
-    idx = batch.decode_token_index
+def _decode(args, init, level: Level, pool, out, groups: int) -> None:
+    idx = level.decode_token_index
     xdt, decay, b, c = (t[idx] for t in args)
     heads = xdt.shape[1]
     group_of_head = torch.arange(heads, device=idx.device) // (heads // groups)
     bh, ch = b[:, group_of_head], c[:, group_of_head]               # [R, H, S]
-    rows = batch.decode_row_index
+    rows = level.decode_row_index
     s = init[rows] * decay.exp()[..., None, None] + xdt[..., :, None] * bh[:, :, None, :]
     out[idx] = (s @ ch[..., None])[..., 0]
-    local, slots = batch.decode_captures
+    local, slots = level.decode_captures
     save_states(pool, slots, s[local])
+    if level.decode_hands is not None:  # a dependent's initial state: read when its level runs
+        local, deps = level.decode_hands
+        init.index_copy_(0, deps, s[local])
 
 
 def _prefill(args, init, plan: ChunkPlan, pool, out, groups: int) -> None:
@@ -61,7 +67,8 @@ def _prefill(args, init, plan: ChunkPlan, pool, out, groups: int) -> None:
     state = init[rows].view(len(plan.rows), groups, heads // groups, p, -1)
     y = torch.empty_like(xdt)
     blocked_scan(plan, (xdt, decay, b, c), state, _intra_chunk, _scan_chunk, y,
-                 lambda local, slots: save_states(pool, slots, state[local].flatten(1, 2)))
+                 lambda local, slots: save_states(pool, slots, state[local].flatten(1, 2)),
+                 lambda local, deps: init.index_copy_(0, deps, state[local].flatten(1, 2)))
     flat = y.flatten(1, 2).transpose(1, 2).reshape(-1, heads, p)       # [M*C, H, P]
     out.index_copy_(0, plan.token_index, flat.index_select(0, plan.flat_index))
 

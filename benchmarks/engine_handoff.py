@@ -1,0 +1,115 @@
+"""What an extra recurrent level costs on the real engine (SPEC §15): one producer and its dependents
+in ONE forward, against the same rows run as two rounds (the siblings wait a round for the snapshot).
+
+Per tiny hybrid: a document of --doc tokens and --siblings candidates of --tail tokens each. Hand-off:
+one round, the first candidate's whole prompt as the producer and the others as dependents after it at
+the document's end (a page cut: the engine forks the partial page). Two rounds: the producer capturing
+its state at the document's end, then the siblings resuming from that snapshot. Prints the executor's
+host time per round (ExecResult.host_time), the part the hand-off round spends in levels >= 1
+(ExecResult.handoff_time) as a fraction of it, and whether both give the same first tokens.
+Figures are printed, never asserted; best of --repeat interleaved runs after a warm-up.
+
+    python benchmarks/engine_handoff.py [--models tiny-qwen3.5 tiny-nemotron-h] [--doc 500] [--siblings 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from radixflow.core.batch import Batch, ExecResult, Fragment  # noqa: E402
+from radixflow.core.branch import Branch  # noqa: E402
+from radixflow.engine.executor import EngineExecutor  # noqa: E402
+from radixflow.engine.loader import load_model  # noqa: E402
+from radixflow.engine.tiny import ensure_tiny_model  # noqa: E402
+
+BLOCK = 16
+HYBRIDS = ("tiny-qwen3.5", "tiny-nemotron-h")
+
+
+def _batches(doc: list[int], tails: list[list[int]]) -> tuple[Batch, Batch, Batch]:
+    """(hand-off round, round 1, round 2) over the same branches and pages."""
+    d = len(doc)
+    branches = [Branch("b", i, tuple(doc + t)) for i, t in enumerate(tails)]
+    n_pages = [-(-len(b.prompt) // BLOCK) for b in branches]
+    producer_pages = list(range(n_pages[0]))
+    q, page = d // BLOCK, n_pages[0]
+    tables = [producer_pages]
+    for n in n_pages[1:]:
+        tables.append(producer_pages[:q] + list(range(page, page + n - q)))
+        page += n - q
+    p = branches[0]
+    handoff = [Fragment(p, 0, len(p.prompt), producer_pages, samples=True, first=True)]
+    handoff += [Fragment(b, d, len(b.prompt) - d, t, samples=True, first=True, after=0)
+                for b, t in zip(branches[1:], tables[1:])]
+    # the wait: the producer snapshots at d (slot 0); a sibling starts from it with a copy of the cut page
+    first = [Fragment(p, 0, len(p.prompt), producer_pages, state_out=[(d, 0)], samples=True, first=True)]
+    second = [Fragment(b, d, len(b.prompt) - d, t, state_in=0, samples=True, first=True,
+                       copies_before=[(producer_pages[q], t[q])] if d % BLOCK else [])
+              for b, t in zip(branches[1:], tables[1:])]
+    return Batch(1, handoff), Batch(1, first), Batch(2, second)
+
+
+def bench_model(name: str, doc_len: int, siblings: int, tail: int, repeat: int, device: str) -> None:
+    model = load_model(ensure_tiny_model(name), torch.device(device)).model
+    gen = torch.Generator().manual_seed(0)
+    doc = torch.randint(0, 256, (doc_len,), generator=gen).tolist()
+    tails = [torch.randint(0, 256, (tail,), generator=gen).tolist() for _ in range(siblings)]
+    handoff, first, second = _batches(doc, tails)
+    pages = max(max(f.page_table) for b in (handoff, first, second) for f in b.fragments) + 1
+    ex = EngineExecutor(model, model.allocate_cache(pages, BLOCK, 2, device=device))
+
+    def run_handoff() -> ExecResult:
+        return ex.execute(handoff)
+
+    def run_two() -> tuple[ExecResult, ExecResult]:
+        return ex.execute(first), ex.execute(second)
+
+    run_handoff(), run_two()  # warm-up
+    hand, extra, two, agree = [], [], [], 0
+    for _ in range(repeat):  # interleaved: both ways see the same machine load
+        h = run_handoff()
+        r1, r2 = run_two()
+        hand.append(h.host_time)
+        extra.append(h.handoff_time)
+        two.append((r1.host_time, r2.host_time))
+        firsts = [r1.samples[0].token] + [r2.samples[i].token for i in range(siblings - 1)]
+        agree += sum(h.samples[i].token == t for i, t in enumerate(firsts))
+    # min, not median: the least disturbed run on a shared machine; the fraction is per run (median)
+    fractions = sorted(e / t for e, t in zip(extra, hand))
+    r1, r2 = min(two, key=sum)
+    h = min(hand)
+    print(f"{name:16s} hand-off round {h * 1e3:8.2f} ms, extra levels {min(extra) * 1e3:7.2f} ms "
+          f"({fractions[len(fractions) // 2]:5.1%} of the round, median) | two rounds {r1 * 1e3:8.2f} + "
+          f"{r2 * 1e3:7.2f} = {(r1 + r2) * 1e3:8.2f} ms (hand-off x{h / (r1 + r2):.2f}) | first tokens agree "
+          f"{agree}/{siblings * repeat}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=list(HYBRIDS), choices=HYBRIDS)
+    ap.add_argument("--doc", type=int, default=500, help="document tokens (500: the cut page is forked)")
+    ap.add_argument("--siblings", type=int, default=4, help="candidates: one producer + siblings - 1 dependents")
+    ap.add_argument("--tail", type=int, default=16, help="tokens of each candidate after the document")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.siblings < 2:
+        ap.error("--siblings must be >= 2 (one producer and at least one dependent)")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load:.1f}, "
+          f"device {args.device}; doc {args.doc}, {args.siblings} candidates x {args.tail} tokens")
+    for name in args.models:
+        bench_model(name, args.doc, args.siblings, args.tail, args.repeat, args.device)
+
+
+if __name__ == "__main__":
+    main()
