@@ -151,6 +151,46 @@ def test_siblings_of_a_blocked_consumer_cost_no_prefix_lookup():
     assert all(step2.new_hits[r] == len(DOC) for r in step1.deferred)
 
 
+def repeated_prompt_run(plugin: bool) -> tuple[dict[str, int], dict[str, int], list[str], object]:
+    """X (its document and 37 more tokens) runs alone and finishes, leaving its blocks and its Mamba state
+    at 96 cached. Then P (a new branch of the document), C1 (another) and C2 (X's first 96 tokens and
+    its own tail), under the priority policy. P's chunk ends at the document (64), so C1 is Blocked on
+    P's same-step state; C2 shares that document hash, but its own lookup ends on X's state at 96,
+    published two steps ago: it is not Blocked. The step each got tokens first, their hits, the
+    requests deferred in the first step."""
+    scheduler = harness.build_scheduler(harness.SchedulerSetup(block_size=BS, max_num_seqs=8, plugin=plugin,
+                                                               policy="priority"))
+    x = DOC + tuple(range(700, 737))
+    scheduler.add_request(harness.make_request("X", x, BS, max_tokens=1))
+    while scheduler.has_requests():
+        harness.run_step(scheduler)
+    scheduler.add_request(harness.make_request("P", DOC + (100,) * 5, BS, max_tokens=3, arrival=1.0))
+    scheduler.add_request(harness.make_request("C1", DOC + (200,) * 5, BS, priority=1, arrival=2.0))
+    scheduler.add_request(harness.make_request("C2", x[:96] + (300,) * 5, BS, priority=1, arrival=3.0))
+    first, hits, deferred = {}, {}, None
+    for step in range(1, 10):
+        record = harness.run_step(scheduler)
+        if deferred is None:
+            deferred = record.deferred
+        for rid in record.num_scheduled_tokens:
+            first.setdefault(rid, step)
+        hits.update(record.new_hits)
+    return first, hits, deferred, scheduler
+
+
+def test_a_sibling_whose_own_hit_is_ready_is_not_deferred_with_the_blocked_group():
+    native_first, native_hits, _, _ = repeated_prompt_run(plugin=False)
+    first, hits, deferred, scheduler = repeated_prompt_run(plugin=True)
+    assert native_hits == {"P": 0, "C1": 64, "C2": 96}  # vLLM's own lookups
+    # Only C1 is Blocked; C2 takes its own ready hit and is admitted (it finishes) in the first step.
+    # Before the check, the shortcut gave C2 C1's lookup and deferred it to the second step.
+    assert deferred == ["C1"]
+    assert hits == native_hits
+    assert first == {"P": 1, "C2": 1, "C1": 2}
+    assert first["C2"] <= native_first["C2"] and first["C1"] == native_first["C1"]
+    assert scheduler.num_blocked_deferrals == 1
+
+
 def test_next_step_share_and_the_claim_arithmetic():
     assert next_step_share(remaining_after=30, outputs_after=0, max_tokens=5, token_budget=16,
                            rows_outlive_finish=False) == NextStepShare(1, 16, False, False)

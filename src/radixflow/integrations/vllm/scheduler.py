@@ -15,7 +15,8 @@ vLLM's behaviour.
 
 The lookup that decides Blocked is the one vLLM just made for this request in this scan: it is captured
 from `_get_local_prefix_cache_hit` instead of being repeated; a later sibling of a Blocked request is
-recognised by its blocking key and needs no lookup at all (`siblings.py`).
+recognised by its blocking key, confirmed Blocked by a look at its next block (one dict look-up per
+hash unit), and needs no lookup (`siblings.py`).
 
 Deferred requests keep their claim (SPEC §12, `claim.py`): once a request is deferred, a later candidate
 is admitted only if it finishes within the step, or if it finishes by the end of the next step and its
@@ -39,6 +40,8 @@ from radixflow.integrations.vllm.claim import StepClaim, next_step_share
 from radixflow.integrations.vllm.readiness import (
     blocking_state_groups,
     blocks_once_state_is_published,
+    cached_past,
+    sibling_probe_unsupported_reason,
     token_blocks,
 )
 from radixflow.integrations.vllm.siblings import BlockedGroup, BlockedGroups
@@ -63,7 +66,9 @@ class StateReadyMixin:
         # request id -> (computed tokens, scheduled tokens) of every request given tokens this step.
         self._scheduled_now: dict[str, tuple[int, int]] = {}
         self._claim = StepClaim(self.max_num_running_reqs, self.max_num_scheduled_tokens)
-        self._groups = BlockedGroups(self.hash_block_size)
+        self._sibling_probe_reason = sibling_probe_unsupported_reason(self.kv_cache_manager)
+        self._groups = BlockedGroups(
+            self.hash_block_size, self._sibling_cached_past if self._sibling_probe_reason is None else None)
         self._refused: str | None = None
         self._reserve_for: str | None = None
         self._claim_recomputed_capacity_bound = False
@@ -138,6 +143,9 @@ class StateReadyMixin:
         if self.state_ready:
             self._fresh_hits[request.request_id] = (result, result[0].blocks, result[1], group)
         return result
+
+    def _sibling_cached_past(self, block_hashes, num_tokens: int, max_hit_tokens: int) -> bool:
+        return cached_past(self.kv_cache_manager, block_hashes, num_tokens, max_hit_tokens)
 
     def _reserve_prefill_lookahead(
         self, request: Request, num_computed_tokens: int, num_new_tokens: int
