@@ -192,31 +192,78 @@ def test_a_sibling_whose_own_hit_is_ready_is_not_deferred_with_the_blocked_group
 
 
 def test_next_step_share_and_the_claim_arithmetic():
-    assert next_step_share(remaining_after=30, outputs_after=0, max_tokens=5, token_budget=16,
+    # A prefill whose next chunk (16, as the caller cut it) is less than its remainder.
+    assert next_step_share(remaining_after=30, outputs_after=0, max_tokens=5, next_chunk=16,
                            rows_outlive_finish=False) == NextStepShare(1, 16, False, False)
-    # A prompt tail that fits the next step's budget, then one output token: it finishes next step.
-    assert next_step_share(remaining_after=12, outputs_after=0, max_tokens=1, token_budget=16,
+    # A prompt tail that is its whole next chunk, then one output token: it finishes next step.
+    assert next_step_share(remaining_after=12, outputs_after=0, max_tokens=1, next_chunk=12,
                            rows_outlive_finish=False) == NextStepShare(1, 12, False, True)
-    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=1, token_budget=16,
+    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=1, next_chunk=0,
                            rows_outlive_finish=False) == NextStepShare(0, 0, True, True)
-    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=1, token_budget=16,
+    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=1, next_chunk=0,
                            rows_outlive_finish=True) == NextStepShare(1, 0, True, True)
-    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=9, token_budget=16,
+    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=9, next_chunk=0,
                            rows_outlive_finish=False) == NextStepShare(1, 1, False, False)
-    assert next_step_share(remaining_after=0, outputs_after=8, max_tokens=9, token_budget=16,
+    assert next_step_share(remaining_after=0, outputs_after=8, max_tokens=9, next_chunk=0,
                            rows_outlive_finish=False) == NextStepShare(1, 1, False, True)
-    claim = StepClaim(max_rows=3, max_tokens=10, started=True)
+    claim = StepClaim(max_rows=4, max_tokens=10, started=True)
     claim.admit(NextStepShare(1, 1, False), growth_blocks=2)  # the producer, decoding next step
-    assert claim.room_for_deferral(blocks=4, free_blocks=4)
-    claim.defer("c", tokens=6, blocks=4, growth_blocks=1)
-    assert claim.blocks_to_keep == 4 + 2 + 1
+    assert claim.tokens_left == 9
+    assert claim.room_for_deferral(tokens=6, need_blocks=4, free_blocks=4)
+    assert not claim.room_for_deferral(tokens=0, need_blocks=0, free_blocks=100)  # no chunk: not served
+    # c: a 6-token chunk, gate 4 blocks with the watermark (1), of which it allocates 3.
+    claim.defer("c", demand=6, tokens=6, alloc_blocks=3, need_blocks=4, growth_blocks=1)
+    assert claim.tokens_left == 3 and claim.blocks_to_keep == 4 + 2 + 1
+    # d is checked after c has allocated: its gate 3 + watermark 1 on top of c's 3 blocks.
+    assert claim.room_for_deferral(tokens=3, need_blocks=4, free_blocks=7)
+    assert not claim.room_for_deferral(tokens=3, need_blocks=4, free_blocks=6)
+    claim.defer("d", demand=5, tokens=3, alloc_blocks=2, need_blocks=4)  # cut to 3 by the budget left
+    assert claim.blocks_to_keep == (3 + 4) + 2 + 1  # the watermark once, not once per deferral
+    assert claim.tokens_left == 0
+    assert not claim.fits_beside(NextStepShare(1, 1, False, True))  # d would lose a token of its chunk
+    assert claim.fits_beside(NextStepShare(0, 0, True, True))  # finishes this step: holds nothing
+    claim = StepClaim(max_rows=3, max_tokens=10, started=True)
+    claim.admit(NextStepShare(1, 1, False))
+    claim.defer("c", demand=6, tokens=6, alloc_blocks=4, need_blocks=4)
     assert claim.fits_beside(NextStepShare(1, 3, False, True))  # rows 1+1+1 <= 3, tokens 1+3+6 <= 10
     assert not claim.fits_beside(NextStepShare(1, 4, False, True))  # tokens 11 > 10
     assert not claim.fits_beside(NextStepShare(1, 1, False, False))  # fits, but still runs after t+1
-    assert claim.fits_beside(NextStepShare(0, 0, True, True))  # finishes this step: holds nothing
     claim.admit(NextStepShare(1, 3, False, True))
     assert not claim.fits_beside(NextStepShare(1, 1, False, True))  # rows 2+1+1 > 3
-    assert not claim.room_for_deferral(blocks=0, free_blocks=100)  # no row left for another deferral
+    assert not claim.room_for_deferral(tokens=1, need_blocks=0, free_blocks=100)  # no row left
+
+
+def threshold_run(plugin: bool, long_prefill_token_threshold: int = 64):
+    """R (2,000 unrelated tokens) is prefilling; P, C (its consumer) and U (20 unrelated tokens, one
+    output) arrive. With the threshold every chunk is capped at 64 while more than one request is
+    eligible: R takes 64 a step, so at the next step R, P's tail and C's 5 tokens fit in T = 512 twice
+    over. The first step of the four: (tokens per request, deferred)."""
+    scheduler = harness.build_scheduler(harness.SchedulerSetup(
+        block_size=BS, max_num_seqs=8, max_num_batched_tokens=512, plugin=plugin,
+        long_prefill_token_threshold=long_prefill_token_threshold))
+    scheduler.add_request(harness.make_request("R", tuple(range(5000, 7000)), BS))
+    harness.run_step(scheduler)
+    scheduler.add_request(harness.make_request("P", DOC + (100,) * 5, BS, max_tokens=3, arrival=1.0))
+    scheduler.add_request(harness.make_request("C", DOC + (200,) * 5, BS, arrival=2.0))
+    scheduler.add_request(harness.make_request("U", tuple(range(900, 920)), BS, arrival=3.0))
+    step1 = harness.run_step(scheduler)
+    step2 = harness.run_step(scheduler)
+    return step1, step2, scheduler
+
+
+def test_the_claim_counts_a_running_prefill_at_its_long_prefill_threshold_chunk():
+    native1, native2, _ = threshold_run(plugin=False)
+    assert native1.num_scheduled_tokens == {"R": 64, "P": 64}  # vLLM stops at the Blocked C
+    assert native2.num_scheduled_tokens["R"] == 64 and native2.num_scheduled_tokens["C"] == 5
+    step1, step2, scheduler = threshold_run(plugin=True)
+    # R's next chunk is 64, not min(remaining, T) = 512: C fits the next step and is deferred, and
+    # U (16 now, its 4-token tail and its token next step) is admitted behind it. Counting R at 512,
+    # the claim called C Other and the scan stopped there, as natively.
+    assert step1.deferred == ["C"]
+    assert step1.num_scheduled_tokens == {"R": 64, "P": 64, "U": 16}
+    assert step2.num_scheduled_tokens == {"R": 64, "P": 5, "U": 4, "C": 5}
+    assert step2.new_hits["C"] == len(DOC)
+    assert scheduler.num_claim_refusals == 0
 
 
 @pytest.mark.parametrize("config", smoke_configs(), ids=lambda c: c.name)
