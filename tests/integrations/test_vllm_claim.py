@@ -193,18 +193,24 @@ def test_a_sibling_whose_own_hit_is_ready_is_not_deferred_with_the_blocked_group
 
 def test_next_step_share_and_the_claim_arithmetic():
     # A prefill whose next chunk (16, as the caller cut it) is less than its remainder.
-    assert next_step_share(remaining_after=30, outputs_after=0, max_tokens=5, next_chunk=16,
+    assert next_step_share(remaining_after=30, outputs_after=0, max_tokens=5, next_chunk=16, chunk_cap=16,
                            rows_outlive_finish=False) == NextStepShare(1, 16, False, False)
     # A prompt tail that is its whole next chunk, then one output token: it finishes next step.
-    assert next_step_share(remaining_after=12, outputs_after=0, max_tokens=1, next_chunk=12,
+    assert next_step_share(remaining_after=12, outputs_after=0, max_tokens=1, next_chunk=12, chunk_cap=16,
                            rows_outlive_finish=False) == NextStepShare(1, 12, False, True)
-    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=1, next_chunk=0,
+    # The same with the alignment moving its last 4 tokens on: 8 tokens next step, still finishing.
+    assert next_step_share(remaining_after=12, outputs_after=0, max_tokens=1, next_chunk=8, chunk_cap=16,
+                           rows_outlive_finish=False) == NextStepShare(1, 8, False, True)
+    # A remainder over the threshold (chunk_cap 8) takes more than one step.
+    assert next_step_share(remaining_after=12, outputs_after=0, max_tokens=1, next_chunk=8, chunk_cap=8,
+                           rows_outlive_finish=False) == NextStepShare(1, 8, False, False)
+    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=1, next_chunk=0, chunk_cap=16,
                            rows_outlive_finish=False) == NextStepShare(0, 0, True, True)
-    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=1, next_chunk=0,
+    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=1, next_chunk=0, chunk_cap=16,
                            rows_outlive_finish=True) == NextStepShare(1, 0, True, True)
-    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=9, next_chunk=0,
+    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=9, next_chunk=0, chunk_cap=16,
                            rows_outlive_finish=False) == NextStepShare(1, 1, False, False)
-    assert next_step_share(remaining_after=0, outputs_after=8, max_tokens=9, next_chunk=0,
+    assert next_step_share(remaining_after=0, outputs_after=8, max_tokens=9, next_chunk=0, chunk_cap=16,
                            rows_outlive_finish=False) == NextStepShare(1, 1, False, True)
     claim = StepClaim(max_rows=4, max_tokens=10, started=True)
     claim.admit(NextStepShare(1, 1, False), growth_blocks=2)  # the producer, decoding next step

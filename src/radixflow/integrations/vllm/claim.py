@@ -27,7 +27,9 @@ class NextStepShare:
     rows: int
     tokens: int
     finishes: bool
-    finishes_next: bool = False  # it finishes by the end of the next step (the deferred requests' step)
+    # It finishes by the end of the next step (the deferred requests' step), counting a prompt whose
+    # remainder is one chunk there even where vLLM's Mamba alignment moves a sub-block tail of it on.
+    finishes_next: bool = False
 
 
 def next_step_share(
@@ -36,6 +38,7 @@ def next_step_share(
     outputs_after: int,
     max_tokens: int,
     next_chunk: int,
+    chunk_cap: int,
     rows_outlive_finish: bool,
 ) -> NextStepShare:
     """The next-step share of a request scheduled (or not) in this step.
@@ -44,13 +47,17 @@ def next_step_share(
     tail; <= 0: it samples a token at the end of this step). `outputs_after`: its output tokens once
     this step's sample is counted. `next_chunk`: for remaining_after > 0, the tokens vLLM's running
     loop will give it at the next step (its remainder capped by `long_prefill_token_threshold`, the
-    token budget and the Mamba block alignment, as `scheduler.py` computes it). `rows_outlive_finish`:
-    async scheduling, where a finished request is still in `running` when the next step is scheduled.
+    token budget and the Mamba block alignment, as `scheduler.py` computes it); `chunk_cap`: the same
+    caps before the alignment. `rows_outlive_finish`: async scheduling, where a finished request is
+    still in `running` when the next step is scheduled.
     """
     if remaining_after > 0:
-        # An unfinished prompt (no output yet) finishes next step if its whole tail is that step's
-        # chunk and one token does.
-        last = next_chunk >= remaining_after and outputs_after + 1 >= max_tokens
+        # An unfinished prompt (no output yet) finishes next step if its whole remainder is one chunk
+        # and one token does. vLLM's alignment may end that chunk at the prompt's last block boundary
+        # and run the sub-block tail a step later: a tail of a few tokens, not a request running a
+        # step ahead of the native order for its life, so it still counts as finishing (the claim
+        # counts its aligned chunk as its next-step tokens all the same).
+        last = remaining_after <= chunk_cap and outputs_after + 1 >= max_tokens
         return NextStepShare(1, next_chunk, False, last)
     if outputs_after >= max_tokens:
         return NextStepShare(1 if rows_outlive_finish else 0, 0, True, True)

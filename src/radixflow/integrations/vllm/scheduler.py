@@ -334,9 +334,13 @@ class StateReadyMixin:
         outcome = self._outcome(request, num_computed_tokens, num_new_tokens)
         if outcome is None:
             return next_step_share(remaining_after=0, outputs_after=request.max_tokens,
-                                   max_tokens=request.max_tokens, next_chunk=0, rows_outlive_finish=False)
+                                   max_tokens=request.max_tokens, next_chunk=0, chunk_cap=0,
+                                   rows_outlive_finish=False)
         end, remaining, outputs = outcome
         chunk = 0
+        cap = self._claim.max_tokens
+        if 0 < self._next_threshold < cap:
+            cap = self._next_threshold
         if remaining > 0:
             budget = self._claim.max_tokens if budget is None else budget
             chunk = self._next_chunk(request, end - request.num_computed_tokens, remaining, budget, running=True)
@@ -345,6 +349,7 @@ class StateReadyMixin:
             outputs_after=outputs,
             max_tokens=request.max_tokens,
             next_chunk=chunk,
+            chunk_cap=cap,
             rows_outlive_finish=self._rows_outlive_finish,
         )
 
