@@ -70,13 +70,14 @@ class StepClaim:
 
     `base_rows` / `base_tokens`: rows and tokens the requests already in the batch (and the running
     requests not scheduled in it) will hold at the next step, where vLLM's running loop serves them
-    before any waiting request. The deferred requests D_1, D_2, ... are then served one after another
-    from what is left: `reserved_tokens` is the sum of their next chunks had the budget lasted,
-    `served_tokens` what each actually gets in turn; `reserved_alloc` the blocks they allocate then,
-    and `reserved_peak` the free blocks their admissions need in turn (D_i's full-sequence gate and
-    fragment checked after D_1..D_{i-1} have allocated, vLLM's watermark counted once, on each check
-    as vLLM adds it, not once per deferral). A candidate's share fits when rows, tokens and (checked
-    by vLLM's allocator with `reserved_blocks`) blocks all fit beside the reservation.
+    before any waiting request; `base_alloc` the blocks they allocate then. The deferred requests D_1,
+    D_2, ... are then served one after another from what is left: `reserved_tokens` is the sum of
+    their next chunks had the budget lasted, `served_tokens` what each actually gets in turn;
+    `reserved_alloc` the blocks they allocate then, and `reserved_peak` the free blocks their
+    admissions need in turn (D_i's full-sequence gate and fragment checked after D_1..D_{i-1} have
+    allocated, vLLM's watermark counted once, on each check as vLLM adds it, not once per deferral).
+    A candidate's share fits when rows, tokens and (checked by vLLM's allocator with
+    `reserved_blocks`) blocks all fit beside the reservation.
     """
 
     max_rows: int
@@ -89,6 +90,7 @@ class StepClaim:
     reserved_alloc: int = 0
     reserved_peak: int = 0
     base_growth: int = 0
+    base_alloc: int = 0  # blocks the base allocates at the next step, before any deferred request
     started: bool = False  # base_rows / base_tokens have been counted
 
     @property
@@ -104,9 +106,9 @@ class StepClaim:
         """Whether one more deferred request could still be served at the next step after the ones
         before it: a row, a non-empty chunk (`tokens`, computed from `tokens_left`), and its
         admission's block check (`need_blocks`: gate or fragment, watermark included) against the
-        pool once the earlier deferred requests have allocated."""
+        pool once the base and the earlier deferred requests have allocated."""
         rows_ok = self.base_rows + len(self.deferred) + 1 <= self.max_rows
-        return rows_ok and tokens > 0 and self.reserved_alloc + need_blocks <= free_blocks
+        return rows_ok and tokens > 0 and self.base_alloc + self.reserved_alloc + need_blocks <= free_blocks
 
     def defer(self, request_id: str, demand: int, tokens: int, alloc_blocks: int, need_blocks: int,
               growth_blocks: int = 0) -> None:
@@ -132,11 +134,13 @@ class StepClaim:
             return False
         return True
 
-    def admit(self, share: NextStepShare, growth_blocks: int = 0) -> None:
-        """Count an admitted (or already running) request's next-step share, and the blocks it will
-        still take after this step until it reaches its length cap."""
+    def admit(self, share: NextStepShare, growth_blocks: int = 0, next_blocks: int = 0) -> None:
+        """Count an admitted (or already running) request's next-step share, the blocks its next-step
+        chunk allocates (`next_blocks`) and the blocks it will still take after this step until it
+        reaches its length cap (`growth_blocks`, which include `next_blocks`)."""
         self.base_rows += share.rows
         self.base_tokens += share.tokens
+        self.base_alloc += next_blocks
         self.base_growth += growth_blocks
 
     @property

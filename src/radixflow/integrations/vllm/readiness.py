@@ -111,6 +111,30 @@ def fits_once_state_is_published(manager: KVCacheManager, request: Request, *arg
     return need.fits(manager.block_pool.get_num_free_blocks())
 
 
+def next_step_blocks(
+    manager: KVCacheManager, request: Request, end: int, num_new_tokens: int, *, num_lookahead_tokens: int,
+    max_model_len: int,
+) -> int:
+    """The blocks a running request's allocation of `num_new_tokens` more tokens past `end` will ask
+    the pool for, counted by every group's own `get_num_blocks_to_allocate` against the blocks it
+    holds now (its allocation for this step already made), as `allocate_slots` counts them for a
+    running request (no new hit). Mamba is asked with `apply_admission_cap=True`, which skips its
+    checkpoint bookkeeping. The blocks `allocate_slots` frees first (skipped sliding/Mamba blocks) are
+    not subtracted, so this never undercounts."""
+    slot_tokens = min(end + num_new_tokens + num_lookahead_tokens, max_model_len)
+    prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+    if manager.coordinator.retention_interval != 0:
+        prefill_end = 0
+    empty = manager.empty_kv_cache_blocks.blocks
+    total = 0
+    for group_id, group_manager in enumerate(manager.coordinator.single_type_managers):
+        total += group_manager.get_num_blocks_to_allocate(
+            request.request_id, slot_tokens, empty[group_id], end, end, end + num_new_tokens,
+            apply_admission_cap=isinstance(group_manager, MambaManager), prefill_end=prefill_end,
+        )
+    return total
+
+
 def token_blocks(manager: KVCacheManager, num_tokens: int) -> int:
     """Blocks `num_tokens` tokens take in the groups that grow with the sequence (not Mamba, whose
     count in align mode is a few blocks whatever the length): the difference between two siblings'

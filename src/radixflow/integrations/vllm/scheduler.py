@@ -41,6 +41,7 @@ from radixflow.integrations.vllm.readiness import (
     blocking_state_groups,
     blocks_once_state_is_published,
     cached_past,
+    next_step_blocks,
     sibling_probe_unsupported_reason,
     token_blocks,
 )
@@ -69,6 +70,7 @@ class StateReadyMixin:
         self._scheduled_now: dict[str, tuple[int, int]] = {}
         self._claim = StepClaim(self._claim_rows, self.max_num_scheduled_tokens)
         self._step_threshold = self._next_threshold = 0
+        self._pending_next_blocks: list[tuple[Request, int, Any]] = []
         self._num_eligible = 0
         self._sibling_probe_reason = sibling_probe_unsupported_reason(self.kv_cache_manager)
         self._groups = BlockedGroups(
@@ -114,6 +116,7 @@ class StateReadyMixin:
         self._num_eligible = sum(self.get_request_counts())
         self._step_threshold = self._threshold(self._num_eligible)
         self._refused = self._reserve_for = None
+        self._pending_next_blocks = []
         self._claim_recomputed_capacity_bound = False
         self.blocked_last_step = []
         capacity_bound_before = self.prefill_capacity_bound
@@ -172,7 +175,10 @@ class StateReadyMixin:
             share = self._share(request, num_computed_tokens, num_new_tokens)
             if not self._claim.fits_beside(share) or self._cut_by_budget(request, num_hit_tokens, num_new_tokens):
                 return self._refuse(request, num_new_tokens)
-            self._claim.admit(share, self._growth(request, num_computed_tokens + num_new_tokens, share))
+            end = num_computed_tokens + num_new_tokens
+            self._claim.admit(share, self._growth(request, end, share))
+            # Its next-step blocks are counted once this step's allocation is made (`_count_pending`).
+            self._pending_next_blocks.append((request, end, share))
             if not share.finishes:
                 self._reserve_for = request.request_id
         self._scheduled_now[request.request_id] = (num_computed_tokens, num_new_tokens)
@@ -184,6 +190,7 @@ class StateReadyMixin:
     ) -> int:
         manager = self.kv_cache_manager
         self._start_claim()
+        self._count_pending()
         claim = self._claim
         # Its next-step chunk as vLLM's waiting loop will cut it, behind the running requests and the
         # requests deferred before it: the threshold, the budget they leave, the Mamba alignment.
@@ -295,6 +302,20 @@ class StateReadyMixin:
             budget -= share.tokens
             end = (running.num_computed_tokens if computed is None else computed) + scheduled
             self._claim.admit(share, self._growth(running, end, share))
+            self._claim.base_alloc += self._next_blocks(running, end, share)
+
+    def _next_blocks(self, request: Request, end: int, share) -> int:
+        # Blocks its next-step chunk allocates (running requests allocate before any waiting one).
+        if not share.tokens or request.request_id not in self.requests:
+            return 0
+        return next_step_blocks(self.kv_cache_manager, request, end, share.tokens,
+                                num_lookahead_tokens=self.num_lookahead_tokens, max_model_len=self.max_model_len)
+
+    def _count_pending(self) -> None:
+        # Candidates admitted past a deferral have made this step's allocation by the next deferral.
+        for request, end, share in self._pending_next_blocks:
+            self._claim.base_alloc += self._next_blocks(request, end, share)
+        self._pending_next_blocks.clear()
 
     def _growth(self, request: Request, end: int, share) -> int:
         # Blocks the request still takes after this step until it reaches its length cap: admitting
