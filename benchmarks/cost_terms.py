@@ -13,28 +13,36 @@ Variants (comma list; each is a first-principles reading of one term, applied to
   scale+F         every term times F (the load a cost F times higher would give)
 
     python benchmarks/cost_terms.py --models qwen3.5-0.8b,qwen3.5-4b --variants base,call+8 --questions 300
+
+Every `radixflow simulate` flag is taken (the parser is `radixflow.commands.simulate.add_arguments`),
+e.g. `--snapshot-mode vllm-align --vllm-version 0.29 --mamba-cache-mode all --prefix-match-unit 16`,
+`--policy`, `--scheduler vllm`, `--gpu`; `--model M` runs one model where `--models` is not given.
+Defaults kept from before: models 0.8B/4B/9B, `--snapshot-mode chunk-end`, `--branch-gap 0.0005`.
+`--rate-scale` multiplies the paper's rate when `--rate` is not given. Session workloads (agentic,
+multi-turn) have no per-arm c̄ split here; use `radixflow simulate` for them.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from radixflow.config import SchedulerConfig  # noqa: E402
-from radixflow.core.policies import get_arm  # noqa: E402
+from radixflow.cache.eviction import get_eviction  # noqa: E402
+from radixflow.commands import simulate  # noqa: E402
+from radixflow.commands.common import build_workloads, scheduler_config  # noqa: E402
+from radixflow.commands.sessions import SESSION_WORKLOADS  # noqa: E402
+from radixflow.core.policies import parse_arms  # noqa: E402
+from radixflow.integrations.vllm.sim_backend import arm_runner  # noqa: E402
 from radixflow.report import paper  # noqa: E402
 from radixflow.sim.cost_model import CallCost, CostModel, get_gpu  # noqa: E402
-from radixflow.sim.runner import SimSetup, run_arm  # noqa: E402
+from radixflow.sim.runner import SimSetup  # noqa: E402
 from radixflow.spec import get_spec  # noqa: E402
-from radixflow.workloads.qa import ORDERS, STREAMS, paper_questions, stream_records  # noqa: E402
-from radixflow.workloads.trace import branch_from_record  # noqa: E402
 
-ARMS = ("radix", "radixflow")
-
+DEFAULT_MODELS = "qwen3.5-0.8b,qwen3.5-4b,qwen3.5-9b"
+VARIANT_KINDS = ("base", "head-per-token", "call", "row", "launch", "scale")
 
 class Variant(CostModel):
     """Today's c(B) with one term read differently; `log` keeps every call's terms."""
@@ -65,69 +73,92 @@ class Variant(CostModel):
         return t
 
 
-def branches(model: str, questions: int | None, seed: int, gap: float, rate_scale: float) -> list[list]:
-    qs = paper_questions(seed, questions)
-    rate = paper.RATES.get(model, 5.0) * rate_scale
-    vocab = get_spec(model).vocab_size
-    out = []
-    for st in STREAMS:
-        for od in ORDERS:
-            recs = stream_records(qs, st, od, rate, seed, prefix=f"{st}-{od}:", branch_gap=gap)
-            out.append([branch_from_record(r, f"{st}/{od}", vocab) for r in recs])
-    return out
+def config(model: str, args):
+    """The scheduler config `radixflow simulate` would build from these flags for this model."""
+    spec = get_spec(model)
+    cfg = scheduler_config(args, spec.name)
+    cfg.prefix_match_unit = args.prefix_match_unit
+    cfg.vllm_version, cfg.mamba_cache_mode = args.vllm_version, args.mamba_cache_mode
+    if args.eviction:
+        get_eviction(args.eviction)  # checks the name
+        cfg.eviction = args.eviction
+    cfg.validate()
+    if args.scheduler == "vllm" and cfg.checkpoints != "boundary":
+        raise ValueError(f"--checkpoints {cfg.checkpoints} is radixflow's scheduler only")
+    return spec, cfg
 
 
 def run(model: str, variant: str, args) -> dict:
-    spec = get_spec(model)
-    s, t = paper.BUDGETS.get(model, (16, 8192))
-    cfg = SchedulerConfig(max_num_seqs=s, max_num_batched_tokens=t, snapshot_mode=args.snapshot_mode)
-    if args.state_interval:
-        cfg = replace(cfg, state_interval=args.state_interval)
-    cfg.validate()
-    work = branches(model, args.questions, args.seed, args.branch_gap, args.rate_scale)
+    spec, cfg = config(model, args)
+    model_args = argparse.Namespace(**vars(args))
+    if args.rate is None:
+        model_args.rate = paper.RATES.get(spec.name, 5.0) * args.rate_scale
+    work = [branches for _, branches in build_workloads(model_args, spec.name, spec.vocab_size)]
+    run_arm = arm_runner(args.scheduler)
     out = {}
-    for a in ARMS:
+    for arm in parse_arms(args.policy):
         models: list[Variant] = []
 
         def make(sp, g, models=models, **kw):  # kw: whatever the runner passes on to CostModel
             models.append(Variant(sp, g, variant, **kw))
             return models[-1]
 
-        m, _ = run_arm(SimSetup(spec, get_gpu("a800"), cfg, cost_model=make), get_arm(a), work)
+        setup = SimSetup(spec, get_gpu(args.gpu), cfg, args.gpu_memory_utilization, args.state_memory_fraction,
+                         check=args.check, cost_model=make)
+        m, _ = run_arm(setup, arm, work)
         calls = [c for v in models for c in v.log]
-        out[a] = (m, [1e3 * sum(col) / len(calls) for col in zip(*calls)])
+        out[arm.name] = (m, [1e3 * sum(col) / len(calls) for col in zip(*calls)])
     return out
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="qwen3.5-0.8b,qwen3.5-4b,qwen3.5-9b")
+    simulate.add_arguments(ap)
+    ap.add_argument("--models", default=None, help=f"comma list of models (default: --model, else {DEFAULT_MODELS})")
     ap.add_argument("--variants", default="base")
-    ap.add_argument("--questions", type=int, default=None, help="per stream (default: all 1,551)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--branch-gap", type=float, default=0.0005, help="mean s between a question's branches")
-    ap.add_argument("--rate-scale", type=float, default=1.0, help="times the paper's arrival rate")
-    ap.add_argument("--snapshot-mode", default="chunk-end")
-    ap.add_argument("--state-interval", type=int, default=None)
-    args = ap.parse_args()
+    ap.add_argument("--rate-scale", type=float, default=1.0, help="times the paper's arrival rate (without --rate)")
+    ap.set_defaults(model=None, snapshot_mode="chunk-end", branch_gap=0.0005)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.workload in SESSION_WORKLOADS:
+        ap.error(f"--workload {args.workload} is a closed-loop session workload; run `radixflow simulate` for it")
+    models = (args.models or args.model or DEFAULT_MODELS).split(",")
+    try:
+        for model in models:
+            config(model, args)
+        for variant in args.variants.split(","):
+            if variant.partition("+")[0] not in VARIANT_KINDS:
+                raise ValueError(f"unknown variant {variant!r}: one of {', '.join(VARIANT_KINDS)} (with +N)")
+        parse_arms(args.policy)
+        arm_runner(args.scheduler)
+    except ValueError as exc:
+        ap.error(str(exc))
     names = CallCost._fields
-    print(f"snapshot mode {args.snapshot_mode}, state interval {args.state_interval or 'default'}, branch gap "
-          f"{args.branch_gap * 1e3:g} ms, rate x{args.rate_scale:g}, questions/stream {args.questions or 'all'}")
+    print(f"snapshot mode {args.snapshot_mode}, state interval {args.state_interval}, vLLM {args.vllm_version}, "
+          f"mamba cache mode {args.mamba_cache_mode}, prefix-match unit {args.prefix_match_unit or 'block'}, "
+          f"scheduler {args.scheduler}, branch gap {args.branch_gap * 1e3:g} ms, "
+          f"rate {args.rate if args.rate is not None else f'paper x{args.rate_scale:g}'}, "
+          f"questions/stream {args.questions or 'all'}")
     print(f"{'model':<20} {'variant':<10} {'arm':<10} {'K':>7} {'rows/K':>6} {'rows/br':>7} {'tok/K':>6} "
           f"{'c̄ ms':>6} " + " ".join(f"{n[:8]:>8}" for n in names) + f" {'ΔK %':>6} {'paper':>6} {'lat s':>6}")
-    for model in args.models.split(","):
+    for model in models:
         pb, pf = paper.arm(model, "radix"), paper.arm(model, "radixflow")
         pdk = 100 * (1 - pf.rounds / pb.rounds) if pb and pf else float("nan")
         for variant in args.variants.split(","):
             res = run(model, variant, args)
-            k0 = res["radix"][0].rounds
-            for a, (m, means) in res.items():
-                dk = 100 * (1 - m.rounds / k0) if a != "radix" else 0.0
+            k0 = next(iter(res.values()))[0].rounds  # ΔK against the first arm of --policy
+            for i, (a, (m, means)) in enumerate(res.items()):
+                dk = 100 * (1 - m.rounds / k0) if i else 0.0
                 print(f"{model:<20} {variant:<10} {a:<10} {m.rounds:>7,} {m.rows_per_round:>6.2f} "
                       f"{m.rows_per_branch:>7.2f} {m.tokens_per_round:>6,.0f} {m.cost_per_round * 1e3:>6.1f} "
                       + " ".join(f"{x:>8.2f}" for x in means)
-                      + f" {dk:>6.1f} {pdk if a != 'radix' else 0.0:>6.1f} {m.latency_mean:>6.2f}", flush=True)
+                      + f" {dk:>6.1f} {pdk if i else 0.0:>6.1f} {m.latency_mean:>6.2f}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

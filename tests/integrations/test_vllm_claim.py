@@ -151,32 +151,154 @@ def test_siblings_of_a_blocked_consumer_cost_no_prefix_lookup():
     assert all(step2.new_hits[r] == len(DOC) for r in step1.deferred)
 
 
+def repeated_prompt_run(plugin: bool) -> tuple[dict[str, int], dict[str, int], list[str], object]:
+    """X (its document and 37 more tokens) runs alone and finishes, leaving its blocks and its Mamba state
+    at 96 cached. Then P (a new branch of the document), C1 (another) and C2 (X's first 96 tokens and
+    its own tail), under the priority policy. P's chunk ends at the document (64), so C1 is Blocked on
+    P's same-step state; C2 shares that document hash, but its own lookup ends on X's state at 96,
+    published two steps ago: it is not Blocked. The step each got tokens first, their hits, the
+    requests deferred in the first step."""
+    scheduler = harness.build_scheduler(harness.SchedulerSetup(block_size=BS, max_num_seqs=8, plugin=plugin,
+                                                               policy="priority"))
+    x = DOC + tuple(range(700, 737))
+    scheduler.add_request(harness.make_request("X", x, BS, max_tokens=1))
+    while scheduler.has_requests():
+        harness.run_step(scheduler)
+    scheduler.add_request(harness.make_request("P", DOC + (100,) * 5, BS, max_tokens=3, arrival=1.0))
+    scheduler.add_request(harness.make_request("C1", DOC + (200,) * 5, BS, priority=1, arrival=2.0))
+    scheduler.add_request(harness.make_request("C2", x[:96] + (300,) * 5, BS, priority=1, arrival=3.0))
+    first, hits, deferred = {}, {}, None
+    for step in range(1, 10):
+        record = harness.run_step(scheduler)
+        if deferred is None:
+            deferred = record.deferred
+        for rid in record.num_scheduled_tokens:
+            first.setdefault(rid, step)
+        hits.update(record.new_hits)
+    return first, hits, deferred, scheduler
+
+
+def test_a_sibling_whose_own_hit_is_ready_is_not_deferred_with_the_blocked_group():
+    native_first, native_hits, _, _ = repeated_prompt_run(plugin=False)
+    first, hits, deferred, scheduler = repeated_prompt_run(plugin=True)
+    assert native_hits == {"P": 0, "C1": 64, "C2": 96}  # vLLM's own lookups
+    # Only C1 is Blocked; C2 takes its own ready hit and is admitted (it finishes) in the first step.
+    # Before the check, the shortcut gave C2 C1's lookup and deferred it to the second step.
+    assert deferred == ["C1"]
+    assert hits == native_hits
+    assert first == {"P": 1, "C2": 1, "C1": 2}
+    assert first["C2"] <= native_first["C2"] and first["C1"] == native_first["C1"]
+    assert scheduler.num_blocked_deferrals == 1
+
+
 def test_next_step_share_and_the_claim_arithmetic():
-    assert next_step_share(remaining_after=30, outputs_after=0, max_tokens=5, token_budget=16,
+    # A prefill whose next chunk (16, as the caller cut it) is less than its remainder.
+    assert next_step_share(remaining_after=30, outputs_after=0, max_tokens=5, next_chunk=16, chunk_cap=16,
                            rows_outlive_finish=False) == NextStepShare(1, 16, False, False)
-    # A prompt tail that fits the next step's budget, then one output token: it finishes next step.
-    assert next_step_share(remaining_after=12, outputs_after=0, max_tokens=1, token_budget=16,
+    # A prompt tail that is its whole next chunk, then one output token: it finishes next step.
+    assert next_step_share(remaining_after=12, outputs_after=0, max_tokens=1, next_chunk=12, chunk_cap=16,
                            rows_outlive_finish=False) == NextStepShare(1, 12, False, True)
-    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=1, token_budget=16,
+    # The same with the alignment moving its last 4 tokens on: 8 tokens next step, still finishing.
+    assert next_step_share(remaining_after=12, outputs_after=0, max_tokens=1, next_chunk=8, chunk_cap=16,
+                           rows_outlive_finish=False) == NextStepShare(1, 8, False, True)
+    # A remainder over the threshold (chunk_cap 8) takes more than one step.
+    assert next_step_share(remaining_after=12, outputs_after=0, max_tokens=1, next_chunk=8, chunk_cap=8,
+                           rows_outlive_finish=False) == NextStepShare(1, 8, False, False)
+    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=1, next_chunk=0, chunk_cap=16,
                            rows_outlive_finish=False) == NextStepShare(0, 0, True, True)
-    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=1, token_budget=16,
+    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=1, next_chunk=0, chunk_cap=16,
                            rows_outlive_finish=True) == NextStepShare(1, 0, True, True)
-    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=9, token_budget=16,
+    assert next_step_share(remaining_after=0, outputs_after=1, max_tokens=9, next_chunk=0, chunk_cap=16,
                            rows_outlive_finish=False) == NextStepShare(1, 1, False, False)
-    assert next_step_share(remaining_after=0, outputs_after=8, max_tokens=9, token_budget=16,
+    assert next_step_share(remaining_after=0, outputs_after=8, max_tokens=9, next_chunk=0, chunk_cap=16,
                            rows_outlive_finish=False) == NextStepShare(1, 1, False, True)
-    claim = StepClaim(max_rows=3, max_tokens=10, started=True)
+    claim = StepClaim(max_rows=4, max_tokens=10, started=True)
     claim.admit(NextStepShare(1, 1, False), growth_blocks=2)  # the producer, decoding next step
-    assert claim.room_for_deferral(blocks=4, free_blocks=4)
-    claim.defer("c", tokens=6, blocks=4, growth_blocks=1)
-    assert claim.blocks_to_keep == 4 + 2 + 1
+    assert claim.tokens_left == 9
+    assert claim.room_for_deferral(tokens=6, need_blocks=4, free_blocks=4)
+    assert not claim.room_for_deferral(tokens=0, need_blocks=0, free_blocks=100)  # no chunk: not served
+    # c: a 6-token chunk, gate 4 blocks with the watermark (1), of which it allocates 3.
+    claim.defer("c", demand=6, tokens=6, alloc_blocks=3, need_blocks=4, growth_blocks=1)
+    assert claim.tokens_left == 3 and claim.blocks_to_keep == 4 + 2 + 1
+    # d is checked after c has allocated: its gate 3 + watermark 1 on top of c's 3 blocks.
+    assert claim.room_for_deferral(tokens=3, need_blocks=4, free_blocks=7)
+    assert not claim.room_for_deferral(tokens=3, need_blocks=4, free_blocks=6)
+    claim.defer("d", demand=5, tokens=3, alloc_blocks=2, need_blocks=4)  # cut to 3 by the budget left
+    assert claim.blocks_to_keep == (3 + 4) + 2 + 1  # the watermark once, not once per deferral
+    assert claim.tokens_left == 0
+    assert not claim.fits_beside(NextStepShare(1, 1, False, True))  # d would lose a token of its chunk
+    assert claim.fits_beside(NextStepShare(0, 0, True, True))  # finishes this step: holds nothing
+    claim = StepClaim(max_rows=3, max_tokens=10, started=True)
+    claim.admit(NextStepShare(1, 1, False))
+    claim.defer("c", demand=6, tokens=6, alloc_blocks=4, need_blocks=4)
     assert claim.fits_beside(NextStepShare(1, 3, False, True))  # rows 1+1+1 <= 3, tokens 1+3+6 <= 10
     assert not claim.fits_beside(NextStepShare(1, 4, False, True))  # tokens 11 > 10
     assert not claim.fits_beside(NextStepShare(1, 1, False, False))  # fits, but still runs after t+1
-    assert claim.fits_beside(NextStepShare(0, 0, True, True))  # finishes this step: holds nothing
     claim.admit(NextStepShare(1, 3, False, True))
     assert not claim.fits_beside(NextStepShare(1, 1, False, True))  # rows 2+1+1 > 3
-    assert not claim.room_for_deferral(blocks=0, free_blocks=100)  # no row left for another deferral
+    assert not claim.room_for_deferral(tokens=1, need_blocks=0, free_blocks=100)  # no row left
+
+
+def threshold_run(plugin: bool, long_prefill_token_threshold: int = 64):
+    """R (2,000 unrelated tokens) is prefilling; P, C (its consumer) and U (20 unrelated tokens, one
+    output) arrive. With the threshold every chunk is capped at 64 while more than one request is
+    eligible: R takes 64 a step, so at the next step R, P's tail and C's 5 tokens fit in T = 512 twice
+    over. The first step of the four: (tokens per request, deferred)."""
+    scheduler = harness.build_scheduler(harness.SchedulerSetup(
+        block_size=BS, max_num_seqs=8, max_num_batched_tokens=512, plugin=plugin,
+        long_prefill_token_threshold=long_prefill_token_threshold))
+    scheduler.add_request(harness.make_request("R", tuple(range(5000, 7000)), BS))
+    harness.run_step(scheduler)
+    scheduler.add_request(harness.make_request("P", DOC + (100,) * 5, BS, max_tokens=3, arrival=1.0))
+    scheduler.add_request(harness.make_request("C", DOC + (200,) * 5, BS, arrival=2.0))
+    scheduler.add_request(harness.make_request("U", tuple(range(900, 920)), BS, arrival=3.0))
+    step1 = harness.run_step(scheduler)
+    step2 = harness.run_step(scheduler)
+    return step1, step2, scheduler
+
+
+def test_the_claim_counts_a_running_prefill_at_its_long_prefill_threshold_chunk():
+    native1, native2, _ = threshold_run(plugin=False)
+    assert native1.num_scheduled_tokens == {"R": 64, "P": 64}  # vLLM stops at the Blocked C
+    assert native2.num_scheduled_tokens["R"] == 64 and native2.num_scheduled_tokens["C"] == 5
+    step1, step2, scheduler = threshold_run(plugin=True)
+    # R's next chunk is 64, not min(remaining, T) = 512: C fits the next step and is deferred, and
+    # U (16 now, its 4-token tail and its token next step) is admitted behind it. Counting R at 512,
+    # the claim called C Other and the scan stopped there, as natively.
+    assert step1.deferred == ["C"]
+    assert step1.num_scheduled_tokens == {"R": 64, "P": 64, "U": 16}
+    assert step2.num_scheduled_tokens == {"R": 64, "P": 5, "U": 4, "C": 5}
+    assert step2.new_hits["C"] == len(DOC)
+    assert scheduler.num_claim_refusals == 0
+
+
+def watermark_run(plugin: bool, filler_blocks: int):
+    """A 64-block pool with vLLM's watermark at 10 % (6 blocks); F fills `filler_blocks` blocks and
+    decodes; P (one output token) and its consumers C0, C1 arrive. The first step's deferrals and
+    the consumers the second step admits."""
+    scheduler = harness.build_scheduler(harness.SchedulerSetup(block_size=BS, max_num_seqs=8, num_gpu_blocks=64,
+                                                               watermark=0.1, plugin=plugin))
+    scheduler.add_request(harness.make_request("F", tuple(range(3000, 3003 + filler_blocks * BS)), BS, max_tokens=50))
+    harness.run_step(scheduler)
+    scheduler.add_request(harness.make_request("P", DOC + (100,) * 5, BS, arrival=1.0))
+    for i in range(2):
+        scheduler.add_request(harness.make_request(f"C{i}", DOC + (200 + i,) * 5, BS, arrival=2.0 + i))
+    step1 = harness.run_step(scheduler)
+    step2 = harness.run_step(scheduler)
+    assert scheduler.kv_cache_manager.watermark_blocks == 6
+    return step1.deferred, sorted(r for r in step2.num_scheduled_tokens if r.startswith("C"))
+
+
+@pytest.mark.parametrize("filler_blocks", [42, 47])
+def test_blocked_consumers_are_deferred_exactly_when_the_next_step_admits_them(filler_blocks):
+    # 42: at the next step vLLM admits C0 then C1, each check with the watermark once; counting the
+    # watermark once per deferral, C1 was called Other. 47: the running batch's own next-step blocks
+    # (F's decode, P's tail, its Mamba block) leave no room for C0 then; it was deferred regardless.
+    _, native = watermark_run(plugin=False, filler_blocks=filler_blocks)
+    deferred, admitted = watermark_run(plugin=True, filler_blocks=filler_blocks)
+    assert native == (["C0", "C1"] if filler_blocks == 42 else [])
+    assert deferred == native
+    assert admitted == native
 
 
 @pytest.mark.parametrize("config", smoke_configs(), ids=lambda c: c.name)

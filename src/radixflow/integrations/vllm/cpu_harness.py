@@ -77,6 +77,8 @@ class SchedulerSetup:
     async_scheduling: bool = False
     policy: str = "fcfs"  # vLLM's --scheduling-policy: "fcfs" or "priority"
     prefill_schedule_interval: int = 1  # vLLM's prefill cadence (1 = off)
+    long_prefill_token_threshold: int = 0  # vLLM's per-request chunk cap when >1 request is eligible (0 = off)
+    watermark: float = 0.0  # vLLM's --watermark: fraction of blocks kept free for waiting admissions
 
 
 @functools.cache
@@ -122,7 +124,8 @@ def build_scheduler(setup: SchedulerSetup) -> Scheduler:
             max_model_len=setup.max_model_len,
             enable_chunked_prefill=True,
             is_encoder_decoder=False,
-            watermark=0.0,
+            watermark=setup.watermark,
+            long_prefill_token_threshold=setup.long_prefill_token_threshold,
             policy=setup.policy,
             prefill_schedule_interval=setup.prefill_schedule_interval,
         ),

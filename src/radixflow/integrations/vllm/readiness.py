@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
+from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.request import Request, RequestStatus
 
 
@@ -110,6 +111,30 @@ def fits_once_state_is_published(manager: KVCacheManager, request: Request, *arg
     return need.fits(manager.block_pool.get_num_free_blocks())
 
 
+def next_step_blocks(
+    manager: KVCacheManager, request: Request, end: int, num_new_tokens: int, *, num_lookahead_tokens: int,
+    max_model_len: int,
+) -> int:
+    """The blocks a running request's allocation of `num_new_tokens` more tokens past `end` will ask
+    the pool for, counted by every group's own `get_num_blocks_to_allocate` against the blocks it
+    holds now (its allocation for this step already made), as `allocate_slots` counts them for a
+    running request (no new hit). Mamba is asked with `apply_admission_cap=True`, which skips its
+    checkpoint bookkeeping. The blocks `allocate_slots` frees first (skipped sliding/Mamba blocks) are
+    not subtracted, so this never undercounts."""
+    slot_tokens = min(end + num_new_tokens + num_lookahead_tokens, max_model_len)
+    prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+    if manager.coordinator.retention_interval != 0:
+        prefill_end = 0
+    empty = manager.empty_kv_cache_blocks.blocks
+    total = 0
+    for group_id, group_manager in enumerate(manager.coordinator.single_type_managers):
+        total += group_manager.get_num_blocks_to_allocate(
+            request.request_id, slot_tokens, empty[group_id], end, end, end + num_new_tokens,
+            apply_admission_cap=isinstance(group_manager, MambaManager), prefill_end=prefill_end,
+        )
+    return total
+
+
 def token_blocks(manager: KVCacheManager, num_tokens: int) -> int:
     """Blocks `num_tokens` tokens take in the groups that grow with the sequence (not Mamba, whose
     count in align mode is a few blocks whatever the length): the difference between two siblings'
@@ -119,6 +144,55 @@ def token_blocks(manager: KVCacheManager, num_tokens: int) -> int:
         for group_manager in manager.coordinator.single_type_managers
         if not isinstance(group_manager, MambaManager)
     )
+
+
+def sibling_probe_unsupported_reason(manager: KVCacheManager) -> str | None:
+    """Why `cached_past` cannot tell, for this cache layout, that a hit ends where another's did (None:
+    it can). It can where every prefix-cached group is Mamba or plain full attention (whose hit is a
+    run of cached blocks from the start), with no EAGLE block drop and no context-parallel sharding."""
+    groups = getattr(manager.coordinator, "attention_groups", None)
+    if groups is None:
+        return "the KV-cache coordinator has no per-spec groups"
+    for group in groups:
+        group_manager = manager.coordinator.single_type_managers[group.group_ids[0]]
+        if group.manager_cls is MambaManager:
+            continue
+        if group.manager_cls is not FullAttentionManager or not isinstance(group.spec, FullAttentionSpec):
+            return f"a {group.manager_cls.__name__} group's hit is not a run of blocks from the start"
+        if group.use_eagle:
+            return "the EAGLE block drop moves a hit off its last cached block"
+        if group_manager.dcp_world_size > 1 or group_manager.pcp_world_size > 1:
+            return "context parallelism shards the blocks a hit is counted in"
+    return None
+
+
+def cached_past(manager: KVCacheManager, block_hashes: Sequence, num_tokens: int, max_hit_tokens: int) -> bool:
+    """Whether a prefix-cache lookup of `block_hashes` could find full-attention blocks past
+    `num_tokens` (with its hit capped at `max_hit_tokens`): one dict look-up per hash unit of the
+    next block, whatever the depth.
+
+    vLLM's full-attention finder takes cached blocks from the start while the next one is cached, then
+    (partial hits) probes the hash units inside the first block that is not; hashes are chained, so a
+    request none of whose hash units in that next block is cached cannot hit past `num_tokens`. A True
+    may be a block the finder would not take (it then only costs the caller a full lookup).
+    Valid where `sibling_probe_unsupported_reason` is None.
+    """
+    coordinator = manager.coordinator
+    hash_block_size = coordinator.hash_block_size
+    first = num_tokens // hash_block_size
+    for group in coordinator.attention_groups:
+        if group.manager_cls is MambaManager:
+            continue
+        group_manager = coordinator.single_type_managers[group.group_ids[0]]
+        block_size = group_manager.block_size
+        # The hash of the block containing position num_tokens is its last hash unit's.
+        end = (num_tokens // block_size + 1) * (block_size // hash_block_size)
+        stop = min(end, max_hit_tokens // hash_block_size, len(block_hashes))
+        pool = group_manager.block_pool
+        for index in range(first, stop):
+            if pool.get_cached_block(block_hashes[index], group.group_ids):
+                return True
+    return False
 
 
 @contextmanager

@@ -15,7 +15,8 @@ vLLM's behaviour.
 
 The lookup that decides Blocked is the one vLLM just made for this request in this scan: it is captured
 from `_get_local_prefix_cache_hit` instead of being repeated; a later sibling of a Blocked request is
-recognised by its blocking key and needs no lookup at all (`siblings.py`).
+recognised by its blocking key, confirmed Blocked by a look at its next block (one dict look-up per
+hash unit), and needs no lookup (`siblings.py`).
 
 Deferred requests keep their claim (SPEC §12, `claim.py`): once a request is deferred, a later candidate
 is admitted only if it finishes within the step, or if it finishes by the end of the next step and its
@@ -39,6 +40,9 @@ from radixflow.integrations.vllm.claim import StepClaim, next_step_share
 from radixflow.integrations.vllm.readiness import (
     blocking_state_groups,
     blocks_once_state_is_published,
+    cached_past,
+    next_step_blocks,
+    sibling_probe_unsupported_reason,
     token_blocks,
 )
 from radixflow.integrations.vllm.siblings import BlockedGroup, BlockedGroups
@@ -58,12 +62,19 @@ class StateReadyMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # vLLM's waiting loop admits while len(running) < max_num_active_reqs (<= the runner's rows).
+        self._claim_rows = min(self.max_num_running_reqs, self.max_num_active_reqs)
         # request id -> (lookup result, per-group hit blocks, hit tokens) of this scan's fresh lookups.
         self._fresh_hits: dict[str, tuple[tuple, tuple, int, BlockedGroup | None]] = {}
         # request id -> (computed tokens, scheduled tokens) of every request given tokens this step.
         self._scheduled_now: dict[str, tuple[int, int]] = {}
-        self._claim = StepClaim(self.max_num_running_reqs, self.max_num_scheduled_tokens)
-        self._groups = BlockedGroups(self.hash_block_size)
+        self._claim = StepClaim(self._claim_rows, self.max_num_scheduled_tokens)
+        self._step_threshold = self._next_threshold = 0
+        self._pending_next_blocks: list[tuple[Request, int, Any]] = []
+        self._num_eligible = 0
+        self._sibling_probe_reason = sibling_probe_unsupported_reason(self.kv_cache_manager)
+        self._groups = BlockedGroups(
+            self.hash_block_size, self._sibling_cached_past if self._sibling_probe_reason is None else None)
         self._refused: str | None = None
         self._reserve_for: str | None = None
         self._claim_recomputed_capacity_bound = False
@@ -100,8 +111,12 @@ class StateReadyMixin:
         self._fresh_hits.clear()
         self._scheduled_now.clear()
         self._groups.clear()
-        self._claim = StepClaim(self.max_num_running_reqs, self.max_num_scheduled_tokens)
+        self._claim = StepClaim(self._claim_rows, self.max_num_scheduled_tokens)
+        # vLLM fixes this step's long_prefill_token_threshold from these counts before its scan.
+        self._num_eligible = sum(self.get_request_counts())
+        self._step_threshold = self._threshold(self._num_eligible)
         self._refused = self._reserve_for = None
+        self._pending_next_blocks = []
         self._claim_recomputed_capacity_bound = False
         self.blocked_last_step = []
         capacity_bound_before = self.prefill_capacity_bound
@@ -139,6 +154,9 @@ class StateReadyMixin:
             self._fresh_hits[request.request_id] = (result, result[0].blocks, result[1], group)
         return result
 
+    def _sibling_cached_past(self, block_hashes, num_tokens: int, max_hit_tokens: int) -> bool:
+        return cached_past(self.kv_cache_manager, block_hashes, num_tokens, max_hit_tokens)
+
     def _reserve_prefill_lookahead(
         self, request: Request, num_computed_tokens: int, num_new_tokens: int
     ) -> int:
@@ -157,7 +175,10 @@ class StateReadyMixin:
             share = self._share(request, num_computed_tokens, num_new_tokens)
             if not self._claim.fits_beside(share) or self._cut_by_budget(request, num_hit_tokens, num_new_tokens):
                 return self._refuse(request, num_new_tokens)
-            self._claim.admit(share, self._growth(request, num_computed_tokens + num_new_tokens, share))
+            end = num_computed_tokens + num_new_tokens
+            self._claim.admit(share, self._growth(request, end, share))
+            # Its next-step blocks are counted once this step's allocation is made (`_count_pending`).
+            self._pending_next_blocks.append((request, end, share))
             if not share.finishes:
                 self._reserve_for = request.request_id
         self._scheduled_now[request.request_id] = (num_computed_tokens, num_new_tokens)
@@ -168,37 +189,44 @@ class StateReadyMixin:
         group: BlockedGroup | None,
     ) -> int:
         manager = self.kv_cache_manager
+        self._start_claim()
+        self._count_pending()
+        claim = self._claim
+        # Its next-step chunk as vLLM's waiting loop will cut it, behind the running requests and the
+        # requests deferred before it: the threshold, the budget they leave, the Mamba alignment.
+        remaining = request.num_tokens - request.num_computed_tokens - num_hit_tokens
+        demand = self._next_chunk(request, num_hit_tokens, remaining, claim.max_tokens, running=False)
+        tokens = demand
+        if demand > claim.tokens_left:
+            tokens = self._next_chunk(request, num_hit_tokens, remaining, claim.tokens_left, running=False)
+        full_blocks = token_blocks(manager, min(request.num_tokens, self.max_model_len))
+        fragment_blocks = token_blocks(manager, self._slot_tokens(num_hit_tokens, tokens))
         if group is None:
-            need = blocks_once_state_is_published(
-                manager, request, hit_blocks, num_hit_tokens, num_new_tokens,
+            gate, fragment = blocks_once_state_is_published(
+                manager, request, hit_blocks, num_hit_tokens, tokens,
                 num_lookahead_tokens=self.num_lookahead_tokens, max_model_len=self.max_model_len,
-                has_scheduled_reqs=bool(self.running), full_sequence_must_fit=self.scheduler_reserve_full_isl,
+                has_scheduled_reqs=False, full_sequence_must_fit=self.scheduler_reserve_full_isl,
             )
-            gate, fragment = need
-            group = BlockedGroup(
-                lookup, num_hit_tokens, gate, fragment,
-                token_blocks(manager, min(request.num_tokens, self.max_model_len)),
-                token_blocks(manager, self._slot_tokens(num_hit_tokens, num_new_tokens)),
-            )
+            group = BlockedGroup(lookup, num_hit_tokens, gate, fragment, full_blocks, fragment_blocks)
             self._groups.remember(request, group, lookup[2])
         else:
             # A sibling: the first consumer's counts, moved by the difference in length alone.
-            gate = group.gate and group.gate + token_blocks(
-                manager, min(request.num_tokens, self.max_model_len)) - group.gate_length_blocks
-            fragment = group.fragment + token_blocks(
-                manager, self._slot_tokens(num_hit_tokens, num_new_tokens)) - group.fragment_length_blocks
-        free = manager.block_pool.get_num_free_blocks()
-        self._start_claim()
-        # Blocked only if the same-step state is the ONLY obstacle, and only while the next step could
-        # still serve it beside the requests deferred before it; otherwise it is Other (SPEC §3, §12).
+            gate = group.gate + full_blocks - group.gate_length_blocks if self.scheduler_reserve_full_isl else 0
+            fragment = group.fragment + fragment_blocks - group.fragment_length_blocks
+        # vLLM adds the watermark to a waiting request's checks once anything is running; at the next
+        # step that is the base, or the deferred requests admitted before this one.
+        watermark = manager.watermark_blocks if claim.base_rows + len(claim.deferred) else 0
         # At t+1 a waiting request passes vLLM's full-sequence gate only with its whole prompt's blocks
-        # free, so that is what it claims (the next fragment alone where the gate is off).
-        claim_blocks = max(gate, fragment)
-        if claim_blocks > free or not self._claim.room_for_deferral(claim_blocks, free):
-            return self._refuse(request, num_new_tokens) if self._claim.active else num_new_tokens
+        # free, then allocates its fragment (the fragment alone where the gate is off).
+        need = max(gate, fragment) + watermark
+        free = manager.block_pool.get_num_free_blocks()
+        # Blocked only if the same-step state is the ONLY obstacle, and only while the next step could
+        # still serve it after the requests deferred before it; otherwise it is Other (SPEC §3, §12).
+        if not claim.room_for_deferral(tokens, need, free):
+            return self._refuse(request, num_new_tokens) if claim.active else num_new_tokens
         full = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
         growth = max(token_blocks(manager, full) - token_blocks(manager, min(request.num_tokens, full)), 0)
-        self._claim.defer(request.request_id, request.num_tokens - num_hit_tokens, claim_blocks, growth)
+        claim.defer(request.request_id, demand, tokens, fragment, need, growth)
         self.blocked_last_step.append(request.request_id)
         self.num_blocked_deferrals += 1
         if request.num_computed_tokens + num_hit_tokens < request.num_tokens - 1:
@@ -214,11 +242,34 @@ class StateReadyMixin:
         # of this step's budget would publish at a boundary the native order does not produce, and
         # move the hits of that request's siblings. Past a deferred request only uncut chunks go.
         whole = request.num_tokens - request.num_computed_tokens - num_hit_tokens
-        threshold = self.scheduler_config.long_prefill_token_threshold
-        if threshold > 0:
-            whole = min(whole, threshold)
+        if 0 < self._step_threshold < whole:
+            whole = self._step_threshold
         whole = min(whole, self.max_num_scheduled_tokens)
         return num_new_tokens < self._mamba_block_aligned_split(request, whole, num_hit_tokens, 0)
+
+    def _threshold(self, num_eligible: int) -> int:
+        # vLLM's long_prefill_token_threshold for a step that starts with num_eligible requests.
+        threshold = self.scheduler_config.long_prefill_token_threshold if num_eligible > 1 else 0
+        if threshold > 0 and self.adaptive_long_prefill_threshold:
+            threshold = max(threshold, self.scheduler_config.max_num_batched_tokens // num_eligible)
+        return threshold
+
+    def _next_chunk(self, request: Request, offset: int, remaining: int, budget: int, running: bool) -> int:
+        # The tokens vLLM gives a request at the next step, `offset` tokens past its computed count
+        # now, `remaining` left, `budget` tokens left in that step: the same caps in the same order as
+        # its running loop (running) or waiting loop.
+        tokens = remaining
+        if 0 < self._next_threshold < tokens:
+            tokens = self._next_threshold
+        tokens = min(tokens, budget)
+        if running:
+            start = request.num_computed_tokens + offset
+            tokens = min(tokens, self.max_model_len - start - self.num_sampled_tokens_per_step)
+        if tokens <= 0:
+            return 0
+        if self.need_mamba_block_aligned_split:
+            tokens = self._mamba_block_aligned_split(request, tokens, offset)
+        return tokens
 
     def _slot_tokens(self, num_hit_tokens: int, num_new_tokens: int) -> int:
         return min(num_hit_tokens + num_new_tokens + self.num_lookahead_tokens, self.max_model_len)
@@ -230,15 +281,41 @@ class StateReadyMixin:
         return num_new_tokens
 
     def _start_claim(self) -> None:
-        # At the first Blocked request of the step: what the batch so far will hold at the next step.
+        # At the first Blocked request of the step: what the batch so far will hold at the next step,
+        # in the order vLLM's running loop will serve it then, each from the budget the ones before
+        # it leave.
         if self._claim.started:
             return
         self._claim.started = True
+        batch = []
+        leaving = 0
         for running in self.running:
             computed, scheduled = self._scheduled_now.get(running.request_id, (None, 0))
-            share = self._share(running, computed, scheduled)
+            batch.append((running, computed, scheduled))
+            leaving += self._leaves_before_next_step(running, computed, scheduled)
+        # The next step's threshold, from the requests still there then (arrivals can only add
+        # requests; later admissions that finish within this step are not subtracted).
+        self._next_threshold = self._threshold(self._num_eligible - leaving)
+        budget = self._claim.max_tokens
+        for running, computed, scheduled in batch:
+            share = self._share(running, computed, scheduled, budget)
+            budget -= share.tokens
             end = (running.num_computed_tokens if computed is None else computed) + scheduled
             self._claim.admit(share, self._growth(running, end, share))
+            self._claim.base_alloc += self._next_blocks(running, end, share)
+
+    def _next_blocks(self, request: Request, end: int, share) -> int:
+        # Blocks its next-step chunk allocates (running requests allocate before any waiting one).
+        if not share.tokens or request.request_id not in self.requests:
+            return 0
+        return next_step_blocks(self.kv_cache_manager, request, end, share.tokens,
+                                num_lookahead_tokens=self.num_lookahead_tokens, max_model_len=self.max_model_len)
+
+    def _count_pending(self) -> None:
+        # Candidates admitted past a deferral have made this step's allocation by the next deferral.
+        for request, end, share in self._pending_next_blocks:
+            self._claim.base_alloc += self._next_blocks(request, end, share)
+        self._pending_next_blocks.clear()
 
     def _growth(self, request: Request, end: int, share) -> int:
         # Blocks the request still takes after this step until it reaches its length cap: admitting
@@ -249,7 +326,8 @@ class StateReadyMixin:
         manager = self.kv_cache_manager
         return max(token_blocks(manager, full) - token_blocks(manager, min(end, full)), 0)
 
-    def _share(self, request: Request, num_computed_tokens: int | None, num_new_tokens: int):
+    def _outcome(self, request: Request, num_computed_tokens: int | None, num_new_tokens: int):
+        # (computed count, tokens left, outputs) after this step; None when its last token is in flight.
         if num_computed_tokens is None:
             num_computed_tokens = request.num_computed_tokens
             if request.num_output_placeholders and (
@@ -257,17 +335,42 @@ class StateReadyMixin:
                 >= request.num_prompt_tokens + request.max_tokens
             ):
                 # Async: its last token is already in flight; it leaves before the next step.
-                return next_step_share(remaining_after=0, outputs_after=request.max_tokens,
-                                       max_tokens=request.max_tokens, token_budget=self.max_num_scheduled_tokens,
-                                       rows_outlive_finish=False)
+                return None
         end = num_computed_tokens + num_new_tokens
         remaining = request.num_tokens_with_spec + request.num_output_placeholders - end
         samples = num_new_tokens > 0 and remaining <= 0
+        outputs = request.num_output_tokens + request.num_output_placeholders + int(samples)
+        return end, remaining if num_new_tokens else max(remaining, 1), outputs
+
+    def _leaves_before_next_step(self, request: Request, num_computed_tokens: int | None,
+                                 num_new_tokens: int) -> bool:
+        outcome = self._outcome(request, num_computed_tokens, num_new_tokens)
+        if outcome is None:
+            return True
+        _, remaining, outputs = outcome
+        return remaining <= 0 and outputs >= request.max_tokens and not self._rows_outlive_finish
+
+    def _share(self, request: Request, num_computed_tokens: int | None, num_new_tokens: int,
+               budget: int | None = None):
+        outcome = self._outcome(request, num_computed_tokens, num_new_tokens)
+        if outcome is None:
+            return next_step_share(remaining_after=0, outputs_after=request.max_tokens,
+                                   max_tokens=request.max_tokens, next_chunk=0, chunk_cap=0,
+                                   rows_outlive_finish=False)
+        end, remaining, outputs = outcome
+        chunk = 0
+        cap = self._claim.max_tokens
+        if 0 < self._next_threshold < cap:
+            cap = self._next_threshold
+        if remaining > 0:
+            budget = self._claim.max_tokens if budget is None else budget
+            chunk = self._next_chunk(request, end - request.num_computed_tokens, remaining, budget, running=True)
         return next_step_share(
-            remaining_after=remaining if num_new_tokens else max(remaining, 1),
-            outputs_after=request.num_output_tokens + request.num_output_placeholders + int(samples),
+            remaining_after=remaining,
+            outputs_after=outputs,
             max_tokens=request.max_tokens,
-            token_budget=self.max_num_scheduled_tokens,
+            next_chunk=chunk,
+            chunk_cap=cap,
             rows_outlive_finish=self._rows_outlive_finish,
         )
 

@@ -36,6 +36,8 @@ class SweepConfig:
     policy: str = "fcfs"  # or "priority": each question gets a random priority in 0..2
     async_scheduling: bool = False
     prefill_schedule_interval: int = 1
+    long_prefill_token_threshold: int = 0
+    watermark: float = 0.0
     seed: int = 0
 
 
@@ -86,6 +88,7 @@ def run_config(config: SweepConfig, plugin: bool, max_steps: int = 20_000) -> Sw
         block_size=config.block_size, num_gpu_blocks=config.num_gpu_blocks,
         max_model_len=max(2048, longest), plugin=plugin, async_scheduling=config.async_scheduling,
         policy=config.policy, prefill_schedule_interval=config.prefill_schedule_interval,
+        long_prefill_token_threshold=config.long_prefill_token_threshold, watermark=config.watermark,
     )
     scheduler = harness.build_scheduler(setup)
     driver = harness.InFlightDriver(scheduler, depth=2 if config.async_scheduling else 1)
@@ -122,7 +125,8 @@ def run_config(config: SweepConfig, plugin: bool, max_steps: int = 20_000) -> Sw
 
 
 def sweep_configs() -> list[SweepConfig]:
-    """The 24+ configurations of the issue-10 sweep (see docs/vllm.md for what each family probes)."""
+    """The 30 configurations of the issue-10 sweep and issue 19's threshold and watermark runs (see
+    docs/vllm.md for what each family probes)."""
     configs = []
     # Decode-heavy: 6 four-branch questions, documents 150-330, 20-60 output tokens, S=8, T=512.
     for blocks in (80, 120, 200, 400):
@@ -153,6 +157,11 @@ def sweep_configs() -> list[SweepConfig]:
                                    max_num_batched_tokens=2048, questions=12, seed=seed))
     # Prefill cadence held to native behaviour.
     configs.append(SweepConfig("cadence4-s0", prefill_schedule_interval=4, seed=0))
+    # vLLM's per-request chunk cap (--long-prefill-token-threshold) and its admission watermark.
+    configs.append(SweepConfig("thresh64-s0", long_prefill_token_threshold=64, seed=0))
+    configs.append(SweepConfig("thresh128-longdoc-s1", long_prefill_token_threshold=128, doc_len=(600, 1100),
+                               num_gpu_blocks=800, output_len=(1, 20), seed=1))
+    configs.append(SweepConfig("watermark5-kv120-s0", watermark=0.05, num_gpu_blocks=120, seed=0))
     return configs
 
 
