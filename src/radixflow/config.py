@@ -122,12 +122,10 @@ class SchedulerConfig:
 
 
 def software_versions() -> dict[str, str | None]:
-    """This radixflow, the installed torch and vLLM (None: not installed, read from the package metadata:
-    nothing is imported) and Python: what a results file's meta records beside the settings."""
+    """The installed radixflow, torch and vLLM (None: not installed), read from the package metadata
+    (nothing is imported), and Python: what a results file's meta records beside the settings."""
     import platform
     from importlib import metadata
-
-    from radixflow import __version__
 
     def version(dist: str) -> str | None:
         try:
@@ -135,7 +133,7 @@ def software_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             return None
 
-    return {"radixflow": __version__, "torch": version("torch"), "vllm": version("vllm"),
+    return {"radixflow": version("radixflow"), "torch": version("torch"), "vllm": version("vllm"),
             "python": platform.python_version()}
 
 

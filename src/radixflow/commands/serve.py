@@ -58,7 +58,7 @@ def engine_config(args) -> EngineConfig:
 def plan(args) -> Plan:
     """The engine config `serve` would run and its settings (logged at start-up), without serving."""
     eng = engine_config(args)
-    meta = run_meta("serve", eng.scheduler, model=eng.model, policy=eng.policy, device=eng.device, dtype=eng.dtype,
+    meta = run_meta("serve", eng.scheduler, model=eng.model, policies=[eng.policy], device=eng.device, dtype=eng.dtype,
                     torch_threads=args.torch_threads or None, kv_cache_memory=eng.kv_cache_memory,
                     max_model_len=eng.max_model_len, seed=eng.seed)
     return Plan(meta, eng.scheduler, eng)
