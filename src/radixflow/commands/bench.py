@@ -15,6 +15,7 @@ from radixflow.commands.common import (
     arms_payload,
     build_workloads,
     check_workload,
+    policies,
     print_arms,
     run_meta,
     scheduler_config,
@@ -22,7 +23,6 @@ from radixflow.commands.common import (
 )
 from radixflow.core.loop import run_trace
 from radixflow.core.metrics import measure, merge
-from radixflow.core.policies import parse_arms
 from radixflow.workloads.trace import fresh_copies
 
 parse_bytes = flags.byte_size
@@ -51,12 +51,12 @@ def plan(args) -> Plan:
 
     check_workload(args)
     cfg = scheduler_config(args, args.model, default_budget=(16, 2048))
-    engine = EngineConfig(model=args.model, policy=parse_arms(args.policy)[0].name, device=args.device,
+    engine = EngineConfig(model=args.model, policy=policies(args)[0].name, device=args.device,
                           dtype=args.dtype, scheduler=cfg, kv_cache_memory=args.kv_cache_memory,
                           max_model_len=args.max_model_len, seed=args.seed)
     meta = run_meta("bench", cfg, model=args.model, device=args.device, dtype=args.dtype,
                     torch_threads=args.torch_threads or None, kv_cache_memory=args.kv_cache_memory,
-                    max_model_len=args.max_model_len, policies=[a.name for a in parse_arms(args.policy)],
+                    max_model_len=args.max_model_len, policies=[a.name for a in policies(args)],
                     workload=args.workload, seed=args.seed)
     if args.workload == "multi-candidate":
         meta.update(stream=args.stream, order=args.order, questions=args.questions, rate=args.rate,
@@ -77,7 +77,7 @@ def run(args) -> int:
         torch.set_num_threads(args.torch_threads)
     if base.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {base.device} asked for, but torch sees no CUDA device")
-    arms = parse_arms(args.policy)
+    arms = policies(args)
     loaded = load_model(resolve_model(args.model), torch.device(base.device), _dtype(base.dtype))
     vocab = loaded.model.vocab_size
     workloads = build_workloads(args, args.model, vocab=min(vocab, 32000))

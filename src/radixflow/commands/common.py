@@ -17,12 +17,13 @@ from radixflow.commands.flags import add_scheduler_flags, positive_int, refuse
 from radixflow.config import SchedulerConfig, software_versions
 from radixflow.core.branch import Branch
 from radixflow.core.metrics import ArmMeasures, cost_identity
+from radixflow.core.policies import parse_arms
 from radixflow.workloads.figure1 import FIGURE1_BUDGETS, figure1_records
 from radixflow.workloads.qa import ORDERS, STREAMS, paper_questions, stream_records
 from radixflow.workloads.trace import branch_from_record, load_trace
 
 __all__ = ["Plan", "add_scheduler_flags", "add_workload_flags", "arms_payload", "build_workloads", "check_workload",
-           "positive_int", "print_arms", "run_meta", "scheduler_config", "write_json"]
+           "policies", "positive_int", "print_arms", "run_meta", "scheduler_config", "write_json"]
 
 QA_WORKLOADS = ("multi-candidate", "figure1")
 # flags only the multi-candidate QA streams read (figure1 and trace files bring their own requests)
@@ -42,7 +43,8 @@ def workload_name(allowed: tuple[str, ...]):
 
 def add_workload_flags(p: argparse.ArgumentParser, default_rate: float | None = None,
                        workloads: tuple[str, ...] = QA_WORKLOADS) -> None:
-    flags.add(p, "--policy")
+    flags.add(p, "--policy", default=None, help=flags.FLAGS["--policy"]["help"] + " (default: radix,radixflow; "
+                                                                               "the session workloads: radix)")
     p.add_argument("--workload", default="multi-candidate", type=workload_name(workloads),
                    help=f"{' | '.join(workloads)} | a .jsonl trace path")
     p.add_argument("--stream", default="all", choices=[*STREAMS, "all"], help="multi-candidate: the question stream")
@@ -58,6 +60,11 @@ def add_workload_flags(p: argparse.ArgumentParser, default_rate: float | None = 
     p.add_argument("--article-scale", type=flags.non_negative_float, default=1.0,
                    help="multiply synthetic article lengths (the CPU engine uses short documents)")
     flags.add(p, "--seed", "--json")
+
+
+def policies(args, default: str = "radix,radixflow") -> list:
+    """The arms of --policy (None: `default`)."""
+    return parse_arms(args.policy or default)
 
 
 def check_workload(args) -> None:

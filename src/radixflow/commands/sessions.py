@@ -8,9 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from radixflow.commands import flags
-from radixflow.commands.common import Plan, check_workload, run_meta, scheduler_config, write_json
+from radixflow.commands.common import Plan, check_workload, policies, run_meta, scheduler_config, write_json
 from radixflow.commands.flags import non_negative_float, non_negative_int, positive_int, refuse
-from radixflow.core.policies import parse_arms
 from radixflow.sim.cost_model import get_gpu, pool_sizes
 from radixflow.sim.sessions import simulate_policies
 from radixflow.spec import get_spec
@@ -86,11 +85,11 @@ def session_plan(args) -> Plan:
     refuse(args, CHAT_FLAGS if args.workload == "agentic" else AGENTIC_FLAGS,
            f"a flag of --workload {other}, not of {args.workload}")
     refuse(args, ("scheduler",), "the session workloads run radixflow's scheduler only")
-    arms = parse_arms(args.policy)
-    if flags.given(args, "policy") and len(arms) != 1:
+    arms = policies(args, default="radix")
+    if len(arms) != 1:
         raise ValueError(f"--policy {args.policy}: the session workloads compare eviction policies under one "
                          "scheduling arm; give one")
-    arm = arms[0].name if flags.given(args, "policy") else "radix"
+    arm = arms[0].name
     if args.cache_capacity is not None:
         refuse(args, ("gpu_memory_utilization", "state_memory_fraction"),
                "sizes the cache from GPU memory, which --cache-capacity replaces")

@@ -14,13 +14,13 @@ from radixflow.commands.common import (
     arms_payload,
     build_workloads,
     check_workload,
+    policies,
     print_arms,
     run_meta,
     scheduler_config,
     write_json,
 )
 from radixflow.commands.sessions import SESSION_FLAGS, SESSION_WORKLOADS, add_session_flags, session_plan, simulate_cli
-from radixflow.core.policies import parse_arms
 from radixflow.integrations.vllm.sim_backend import SCHEDULERS, arm_runner
 from radixflow.sim.cost_model import GPUS, get_gpu
 from radixflow.sim.runner import SimSetup
@@ -67,7 +67,7 @@ def plan(args) -> Plan:
     setup = SimSetup(spec, gpu, cfg, args.gpu_memory_utilization, args.state_memory_fraction, check=args.check)
     used = setup.scheduler_config()
     meta = run_meta("simulate", used, model=spec.name, gpu=gpu.name, workload=args.workload,
-                    policies=[a.name for a in parse_arms(args.policy)], scheduler=args.scheduler,
+                    policies=[a.name for a in policies(args)], scheduler=args.scheduler,
                     gpu_memory_utilization=args.gpu_memory_utilization,
                     state_memory_fraction=args.state_memory_fraction, seed=args.seed)
     if args.workload == "multi-candidate":
@@ -82,7 +82,7 @@ def run(args) -> int:
         return simulate_cli(args, pl)
     setup = pl.extra["setup"]
     spec, gpu, cfg = setup.spec, setup.gpu, setup.config
-    arms = parse_arms(args.policy)
+    arms = policies(args)
     workloads = build_workloads(args, spec.name)
     run_arm = arm_runner(args.scheduler)  # exits 2 with one line when vLLM is missing
     results = []
