@@ -251,3 +251,14 @@ def test_simulate_meta_records_the_settings_used(tmp_path):
     meta = json.loads(out.read_text())["meta"]
     assert (meta["checkpoints"], meta["handoff"], meta["eviction"], meta["seed"]) == ("branch", "on", "rr-tail", 3)
     assert meta["num_kv_pages"] > 0 and meta["gpu"] == "a800" and "dtype" not in meta
+
+
+def test_serve_builds_its_engine_in_the_dtype_asked():
+    from radixflow.engine.engine import Engine
+
+    _, p, mod = next(c for c in COMMANDS if c[0] == "serve")
+    cfg = mod.engine_config(p.parse_args(["--model", "tiny-qwen3", "--dtype", "fp16", "--kv-cache-memory", "8MiB",
+                                          "--max-model-len", "256", "--eviction", "rr-tail"]))
+    eng = Engine(cfg)
+    assert {t.dtype for t in eng.loaded.model.parameters()} == {__import__("torch").float16}
+    assert eng.scheduler_config.eviction == "rr-tail"

@@ -138,6 +138,13 @@ def eviction_list(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def eviction_name(text: str) -> str:
+    """One eviction policy (the engine's cache runs one)."""
+    if "," in text:
+        raise argparse.ArgumentTypeError(f"one eviction policy, got {text!r}")
+    return eviction_list(text)
+
+
 def arm_list(text: str) -> str:
     """'all' or a comma list of the scheduling arms (core/policies.py); kept as text."""
     from radixflow.core.policies import parse_arms
@@ -211,7 +218,7 @@ FLAGS: dict[str, dict] = {
     "--prefix-match-unit": _sched("prefix_match_unit", type=non_negative_int, default=0),
     "--vllm-version": _sched("vllm_version", default="0.33", choices=VLLM_VERSIONS),
     "--mamba-cache-mode": _sched("mamba_cache_mode", default="align", choices=MAMBA_CACHE_MODES),
-    "--eviction": {"type": eviction_list, "default": None,
+    "--eviction": {"type": eviction_name, "default": None,
                    "help": help_of(SchedulerConfig, "eviction") + " (default lru)"},
     # the engine (EngineConfig)
     "--device": {"type": device_name, "default": "cpu", "help": "cpu | cuda | cuda:N"},
@@ -246,9 +253,13 @@ def add(p, *names: str, **overrides) -> None:
         p.add_argument(name, **kw)
 
 
-def add_scheduler_flags(p) -> None:
+def add_scheduler_flags(p, eviction: bool = True) -> None:
+    """The SchedulerConfig flags every command that runs the Scheduler has (`eviction=False`: the
+    caller adds its own --eviction)."""
     add(p, "--max-num-seqs", "--max-num-batched-tokens", "--block-size", "--state-interval", "--snapshot-mode",
         "--checkpoints", "--checkpoint-wait", "--handoff", "--handoff-max-levels")
+    if eviction:
+        add(p, "--eviction")
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="disable prefix caching (--enable-prefix-caching is the default)")
     p.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true")

@@ -40,7 +40,7 @@ def idle_fraction(text: str) -> float:
 def add_session_flags(p) -> None:
     """Flags of `radixflow simulate --workload agentic | multi-turn`."""
     g = p.add_argument_group("agentic and multi-turn workloads (--workload agentic | multi-turn)")
-    flags.add(g, "--eviction",
+    flags.add(g, "--eviction", type=flags.eviction_list,
               help="eviction policy; these workloads compare a comma list: lru | rr-tail | level-tail (:N = N pages "
                    "per chunk) | flop-aware (:W = recency weight in [0, 1], default 0.5); default lru,rr-tail for "
                    "these workloads, lru otherwise")

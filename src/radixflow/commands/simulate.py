@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
     flags.add(p, "--gpu", help=f"one of {', '.join(GPUS)}")
     flags.add(p, "--gpu-memory-utilization", "--state-memory-fraction")
     add_workload_flags(p, workloads=("multi-candidate", "figure1", *SESSION_WORKLOADS))
-    add_scheduler_flags(p)
+    add_scheduler_flags(p, eviction=False)  # the sessions' group adds --eviction: a list there
     p.add_argument("--check", action="store_true", help="check_integrity() after every round (slow)")
     flags.add(p, "--prefix-match-unit", "--vllm-version", "--mamba-cache-mode")
     p.add_argument("--scheduler", default="radixflow", choices=SCHEDULERS,
