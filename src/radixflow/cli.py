@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from radixflow.commands.flags import remember_defaults
+
 # name -> module; each module has add_arguments(parser) and run(args) -> int
 COMMANDS = {
     "simulate": ("radixflow.commands.simulate", "run the scheduler arms on the cost-model simulator"),
@@ -49,6 +51,7 @@ def make_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser,
         modules[name] = mod
         p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip().splitlines()[0])
         mod.add_arguments(p)
+        remember_defaults(p)  # after every flag: what the user set can be told from a default (commands/flags.py)
     return parser, modules
 
 

@@ -23,6 +23,7 @@ from radixflow.workloads.qa import ORDERS, STREAMS, paper_questions, stream_reco
 from radixflow.workloads.trace import branch_from_record, load_trace
 
 __all__ = ["Plan", "add_scheduler_flags", "add_workload_flags", "arms_payload", "build_workloads", "check_workload",
+           "check_vllm_geometry", "check_vllm_scheduler",
            "policies", "positive_int", "print_arms", "run_meta", "scheduler_config", "write_json"]
 
 QA_WORKLOADS = ("multi-candidate", "figure1")
@@ -96,7 +97,29 @@ def scheduler_config(args, model_name: str = "", default_budget: tuple[int, int]
     values.update(fixed)
     cfg = SchedulerConfig(**values)
     cfg.validate()
+    if cfg.checkpoints != "branch":
+        refuse(args, ("checkpoint_wait",), f"the wait rule of --checkpoints branch, not of {cfg.checkpoints}")
+    if cfg.handoff == "off":
+        refuse(args, ("handoff_max_levels",), "read only with --handoff on | auto")
     return cfg
+
+
+def check_vllm_geometry(args, cfg: SchedulerConfig, hybrid: bool) -> None:
+    """`cfg` as resolved (spec/vllm_align.apply_vllm_align): a hybrid model under vllm-align runs
+    vLLM's block, so a --block-size / --state-interval given beside it is refused, not dropped."""
+    if hybrid and cfg.snapshot_mode == "vllm-align":
+        refuse(args, ("block_size", "state_interval"), f"--snapshot-mode vllm-align sets block = state interval "
+                                                       f"= vLLM's hybrid block ({cfg.block_size} here)")
+
+
+def check_vllm_scheduler(args) -> None:
+    """What vLLM's own Scheduler (--scheduler vllm) has no counterpart for, refused where set."""
+    if getattr(args, "scheduler", "radixflow") != "vllm":
+        return
+    refuse(args, ("eviction",), "radixflow's cache only: vLLM's block pool evicts in its own LRU order")
+    refuse(args, ("state_interval",), "vLLM keeps state per block (align mode): give --block-size")
+    if args.snapshot_mode not in ("every-boundary", "vllm-align"):
+        refuse(args, ("snapshot_mode",), "vLLM's own Scheduler runs its align mode: use vllm-align")
 
 
 SCHEDULER_META = ("max_num_seqs", "max_num_batched_tokens", "block_size", "state_interval", "enable_prefix_caching",

@@ -84,6 +84,11 @@ def grid_from_args(args):
             setattr(grid, name, value)
     grid.calibrate = args.calibrate
     grid.scheduler = args.scheduler
+    if args.checkpoint_wait is not None and grid.checkpoints != "branch":
+        raise ValueError(f"--checkpoint-wait {args.checkpoint_wait}: the wait rule of --checkpoints branch, not of "
+                         f"{grid.checkpoints}")
+    if args.handoff_max_levels is not None and grid.handoff == "off":
+        raise ValueError(f"--handoff-max-levels {args.handoff_max_levels}: read only with --handoff on | auto")
     if args.scheduler == "vllm" and grid.checkpoints != "boundary":
         raise ValueError(f"--checkpoints {grid.checkpoints} is radixflow's scheduler only: vLLM's own Scheduler "
                          "(--scheduler vllm) caches state at its block boundaries")

@@ -8,7 +8,15 @@ from rich.console import Console
 from rich.table import Table
 
 from radixflow.commands import flags
-from radixflow.commands.common import Plan, check_workload, policies, run_meta, scheduler_config, write_json
+from radixflow.commands.common import (
+    Plan,
+    check_vllm_geometry,
+    check_workload,
+    policies,
+    run_meta,
+    scheduler_config,
+    write_json,
+)
 from radixflow.commands.flags import non_negative_float, non_negative_int, positive_int, refuse
 from radixflow.sim.cost_model import get_gpu, pool_sizes
 from radixflow.sim.sessions import simulate_policies
@@ -95,6 +103,7 @@ def session_plan(args) -> Plan:
                "sizes the cache from GPU memory, which --cache-capacity replaces")
     spec, gpu = get_spec(args.model), get_gpu(args.gpu)
     cfg = apply_vllm_align(scheduler_config(args, default_budget=(16, 8192)), spec, gpu.name)
+    check_vllm_geometry(args, cfg, spec.is_hybrid)
     evictions = (args.eviction or "lru,rr-tail").split(",")
     meta = run_meta("simulate", cfg, model=spec.name, gpu=gpu.name, workload=args.workload, policies=[arm],
                     gpu_memory_utilization=args.gpu_memory_utilization,

@@ -13,6 +13,8 @@ from radixflow.commands.common import (
     add_workload_flags,
     arms_payload,
     build_workloads,
+    check_vllm_geometry,
+    check_vllm_scheduler,
     check_workload,
     policies,
     print_arms,
@@ -64,8 +66,10 @@ def plan(args) -> Plan:
     if args.scheduler == "vllm" and cfg.handoff != "off":
         raise ValueError(f"--handoff {cfg.handoff} is radixflow's scheduler only: vLLM's model runner cannot run "
                          "a dependent row (docs/vllm.md)")
+    check_vllm_scheduler(args)
     setup = SimSetup(spec, gpu, cfg, args.gpu_memory_utilization, args.state_memory_fraction, check=args.check)
     used = setup.scheduler_config()
+    check_vllm_geometry(args, used, spec.is_hybrid)
     meta = run_meta("simulate", used, model=spec.name, gpu=gpu.name, workload=args.workload,
                     policies=[a.name for a in policies(args)], scheduler=args.scheduler,
                     gpu_memory_utilization=args.gpu_memory_utilization,
