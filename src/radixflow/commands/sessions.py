@@ -108,7 +108,8 @@ def session_plan(args) -> Plan:
     meta = run_meta("simulate", cfg, model=spec.name, gpu=gpu.name, workload=args.workload, policies=[arm],
                     gpu_memory_utilization=args.gpu_memory_utilization,
                     state_memory_fraction=args.state_memory_fraction, seed=args.seed)
-    meta.update(evictions=evictions, eviction=None)  # one run per eviction policy
+    # one run per eviction policy; the pools are sized from the capacity when the sessions are known
+    meta.update(evictions=evictions, eviction=None, num_kv_pages=None, num_state_slots=None)
     return Plan(meta, cfg, extra={"arm": arm, "evictions": evictions, "spec": spec, "gpu": gpu})
 
 
@@ -158,6 +159,8 @@ def simulate_cli(args, plan: Plan | None = None) -> int:
                   f"(published {PUBLISHED['ttft_p99']:+.1f} %), mean uncached {r[pre + 'uncached_mean']:+.1f} %, "
                   f"mean TTFT {r[pre + 'ttft_mean']:+.1f} %")
     if args.json_path:
-        meta = {**pl.meta, "cache_capacity": out["capacity_tokens"]}
+        state_slots = (cfg.num_state_slots if slots is None else slots) if spec.is_hybrid else 0
+        meta = {**pl.meta, "cache_capacity": out["capacity_tokens"], "num_state_slots": state_slots,
+                "num_kv_pages": max(1, out["capacity_tokens"] // cfg.block_size)}
         write_json(args.json_path, {"meta": meta, **out})
     return 0
