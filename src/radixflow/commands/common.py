@@ -106,10 +106,11 @@ def scheduler_config(args, model_name: str = "", default_budget: tuple[int, int]
 
 def check_vllm_geometry(args, cfg: SchedulerConfig, hybrid: bool) -> None:
     """`cfg` as resolved (spec/vllm_align.apply_vllm_align): a hybrid model under vllm-align runs
-    vLLM's block, so a --block-size / --state-interval given beside it is refused, not dropped."""
+    vLLM's block, so a --block-size / --state-interval given beside it that differs is refused, not dropped."""
     if hybrid and cfg.snapshot_mode == "vllm-align":
-        refuse(args, ("block_size", "state_interval"), f"--snapshot-mode vllm-align sets block = state interval "
-                                                       f"= vLLM's hybrid block ({cfg.block_size} here)")
+        refuse(args, [d for d in ("block_size", "state_interval") if getattr(args, d) != getattr(cfg, d)],
+               f"--snapshot-mode vllm-align sets block = state interval = vLLM's hybrid block ({cfg.block_size} "
+               f"here)")
 
 
 def check_vllm_scheduler(args) -> None:
