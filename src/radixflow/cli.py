@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from radixflow.commands.flags import remember_defaults
+
 # name -> module; each module has add_arguments(parser) and run(args) -> int
 COMMANDS = {
     "simulate": ("radixflow.commands.simulate", "run the scheduler arms on the cost-model simulator"),
@@ -21,13 +23,20 @@ class CliError(Exception):
     """A user error: printed as one line, exit code 2."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radixflow", description="Hybrid prefix caching that fills every round.")
+class Parser(argparse.ArgumentParser):
+    """Prints a bad flag as one line (`radixflow bench: error: argument --dtype: ...`), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def make_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, dict]:
+    """The full parser and the command modules loaded: only the chosen command's (the simulator must
+    not pay for torch), all of them when `argv` names none (--help, or None: every command)."""
+    parser = Parser(prog="radixflow", description="Hybrid prefix caching that fills every round.")
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
-    argv = sys.argv[1:] if argv is None else argv
-    chosen = next((a for a in argv if not a.startswith("-")), None)
-    # Import only the chosen command (the simulator must not pay for torch); all of them for --help.
+    chosen = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
     wanted = [chosen] if chosen in COMMANDS else list(COMMANDS)
     for name, (modname, help_text) in COMMANDS.items():
         if name not in wanted:
@@ -42,7 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         modules[name] = mod
         p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip().splitlines()[0])
         mod.add_arguments(p)
-    args = parser.parse_args(argv)
+        remember_defaults(p)  # after every flag: what the user set can be told from a default (commands/flags.py)
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser, modules = make_parser(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a bad flag (2) or --help (0): the exit code, returned as run's would be
+        return e.code if isinstance(e.code, int) else int(e.code is not None)
     try:
         return int(modules[args.command].run(args) or 0)
     except (CliError, ValueError, FileNotFoundError, MemoryError) as e:

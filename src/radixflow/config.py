@@ -13,6 +13,9 @@ VLLM_VERSIONS = ("0.33", "0.29")  # vllm-align: the installed vLLM; the paper's 
 MAMBA_CACHE_MODES = ("align", "all")
 CHECKPOINT_MODES = ("boundary", "branch")
 HANDOFF_MODES = ("off", "on", "auto")  # SPEC §15
+# The engine's dtype names (`--dtype`, `LLM(dtype=...)`) and the dtype each one means
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
 
 
 def _opt(default, help: str, **kw):
@@ -116,6 +119,22 @@ class SchedulerConfig:
             raise ValueError(f"--handoff-max-levels must be >= 1, got {self.handoff_max_levels}")
         if self.num_kv_pages < 1:
             raise ValueError("the KV pool needs at least one page")
+
+
+def software_versions() -> dict[str, str | None]:
+    """The installed radixflow, torch and vLLM (None: not installed), read from the package metadata
+    (nothing is imported), and Python: what a results file's meta records beside the settings."""
+    import platform
+    from importlib import metadata
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"radixflow": version("radixflow"), "torch": version("torch"), "vllm": version("vllm"),
+            "python": platform.python_version()}
 
 
 def help_of(cls, name: str) -> str:

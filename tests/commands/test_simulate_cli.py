@@ -27,7 +27,7 @@ def test_figure1_json_schema(tmp_path):
     (["--model", "gpt-9"], "unknown model 'gpt-9'"),
     (["--max-num-batched-tokens", "8", "--block-size", "16"], "smaller than one block"),
     (["--checkpoints", "branch", "--scheduler", "vllm"], "--checkpoints branch is radixflow's scheduler only"),
-    (["--checkpoint-wait", "sometimes"], "--checkpoint-wait must be 'grid' or a positive token count"),
+    (["--checkpoint-wait", "sometimes"], "argument --checkpoint-wait: must be 'grid' or a positive token count"),
 ])
 def test_bad_input_one_line_error_nonzero_exit(args, msg):
     r = subprocess.run([sys.executable, "-m", "radixflow.cli", "simulate", "--workload", "figure1", *args],

@@ -3,62 +3,82 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from rich.progress import Progress
 
+from radixflow.commands import flags
 from radixflow.commands.common import (
+    Plan,
     add_scheduler_flags,
     add_workload_flags,
     arms_payload,
     build_workloads,
+    check_workload,
+    policies,
     print_arms,
+    run_meta,
     scheduler_config,
     write_json,
 )
 from radixflow.core.loop import run_trace
 from radixflow.core.metrics import measure, merge
-from radixflow.core.policies import parse_arms
 from radixflow.workloads.trace import fresh_copies
 
-
-def parse_bytes(s: str) -> int:
-    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": 10**6, "gb": 10**9, "b": 1}
-    low = s.strip().lower()
-    for u, mult in units.items():
-        if low.endswith(u):
-            return int(float(low[: -len(u)]) * mult)
-    return int(float(low))
+parse_bytes = flags.byte_size
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default="tiny-qwen3.5", help="embedded tiny model name or an HF-format directory")
-    p.add_argument("--device", default="cpu", help="cpu | cuda")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--kv-cache-memory", type=parse_bytes, default=parse_bytes("256MiB"),
-                   help="bytes for KV pages + state slots (suffixes KiB/MiB/GiB)")
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--torch-threads", type=int, default=1,
-                   help="CPU threads for torch (1 is steadier on a shared 2-core machine; 0 = torch's default)")
+    p.add_argument("--model", type=flags.engine_model, default="tiny-qwen3.5",
+                   help="embedded tiny model name or an HF-format directory")
+    flags.add(p, "--device", "--dtype")
+    flags.add(p, "--kv-cache-memory", default=parse_bytes("256MiB"),
+              help="bytes for KV pages + state slots (suffixes KiB/MiB/GiB)")
+    flags.add(p, "--max-model-len", default=4096)
+    flags.add(p, "--torch-threads", default=1,
+              help="CPU threads for torch (1 is steadier on a shared 2-core machine; 0 = torch's default)")
     add_workload_flags(p, default_rate=40.0)
     add_scheduler_flags(p)
     # A state boundary at every page (vLLM align mode keeps one per block): every shared prefix then
     # holds a boundary, so reuse does not depend on round timing (see docs/simulator.md).
     p.set_defaults(questions=48, article_scale=0.1, state_interval=16, stream="all", order="forward")
+    flags.remember_defaults(p)
+
+
+def plan(args) -> Plan:
+    """The engine and scheduler configs and the meta of `bench` with these flags; loads nothing."""
+    from radixflow.engine.engine import EngineConfig
+
+    check_workload(args)
+    cfg = scheduler_config(args, args.model, default_budget=(16, 2048))
+    engine = EngineConfig(model=args.model, policy=policies(args)[0].name, device=args.device,
+                          dtype=args.dtype, scheduler=cfg, kv_cache_memory=args.kv_cache_memory,
+                          max_model_len=args.max_model_len, seed=args.seed)
+    meta = run_meta("bench", cfg, model=args.model, device=args.device, dtype=args.dtype,
+                    torch_threads=args.torch_threads or None, kv_cache_memory=args.kv_cache_memory,
+                    max_model_len=args.max_model_len, policies=[a.name for a in policies(args)],
+                    workload=args.workload, seed=args.seed)
+    if args.workload == "multi-candidate":
+        meta.update(stream=args.stream, order=args.order, questions=args.questions, rate=args.rate,
+                    branch_gap=args.branch_gap, article_scale=args.article_scale, dataset_path=args.dataset_path)
+    return Plan(meta, cfg, engine)
 
 
 def run(args) -> int:
     import torch
 
-    from radixflow.engine.engine import Engine, EngineConfig
+    from radixflow.engine.engine import Engine, _dtype
     from radixflow.engine.loader import load_model
     from radixflow.engine.tiny import resolve_model
 
-    if args.torch_threads > 0:
+    pl = plan(args)  # every flag checked before the model loads
+    cfg, base = pl.scheduler, pl.engine
+    if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    arms = parse_arms(args.policy)
-    loaded = load_model(resolve_model(args.model), args.device,
-                        {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(args.dtype, torch.float32))
-    cfg = scheduler_config(args, args.model, default_budget=(16, 2048))
+    if base.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {base.device} asked for, but torch sees no CUDA device")
+    arms = policies(args)
+    loaded = load_model(resolve_model(args.model), torch.device(base.device), _dtype(base.dtype))
     vocab = loaded.model.vocab_size
     workloads = build_workloads(args, args.model, vocab=min(vocab, 32000))
     for label, brs in workloads:
@@ -68,6 +88,7 @@ def run(args) -> int:
                                  f"[0, {vocab})")
     results = []
     firsts: list[dict] = []
+    used = None
     t0 = time.perf_counter()
     total = sum(len(w) for _, w in workloads) * len(arms)
     with Progress() as bar:
@@ -76,9 +97,8 @@ def run(args) -> int:
             parts = []
             first: dict = {}
             for _, brs in workloads:
-                eng = Engine(EngineConfig(model=args.model, policy=arm.name, device=args.device, dtype=args.dtype,
-                                          scheduler=cfg, kv_cache_memory=args.kv_cache_memory,
-                                          max_model_len=args.max_model_len, seed=args.seed), loaded=loaded)
+                eng = Engine(replace(base, policy=arm.name), loaded=loaded)
+                used = eng.scheduler_config
                 copies = fresh_copies(brs)
                 res = run_trace(eng.scheduler, eng.executor, copies, progress=lambda n: bar.advance(task, n))
                 parts.append(measure(arm.name, res))
@@ -93,16 +113,18 @@ def run(args) -> int:
         same = sum(1 for k, v in first.items() if firsts[0].get(k) == v)
         agreement.append(100.0 * same / max(1, len(first)))
         if arm is not results[0]:
-                print(f"first-token agreement {arm.policy} vs {results[0].policy}: {agreement[-1]:.2f}% "
+            print(f"first-token agreement {arm.policy} vs {results[0].policy}: {agreement[-1]:.2f}% "
                   f"({same}/{len(first)})")
     print(f"benchmarked {len(arms)} arm(s) in {wall:.1f} s")
     if args.json_path:
-        payload = arms_payload(results, {"command": "bench", "model": args.model, "device": args.device,
-                                         "workload": args.workload, "parts": [x for x, _ in workloads],
-                                         "max_num_seqs": cfg.max_num_seqs,
-                                         "max_num_batched_tokens": cfg.max_num_batched_tokens,
-                                         "block_size": cfg.block_size, "state_interval": cfg.state_interval,
-                                         "seed": args.seed, "wall_time": wall})
+        # the pools the engine sized (from --kv-cache-memory) and the threads and dtype it ran with
+        weights: dict[str, int] = {}
+        for t in loaded.model.parameters():
+            name = str(t.dtype).removeprefix("torch.")
+            weights[name] = weights.get(name, 0) + t.numel()
+        meta = {**pl.meta, **run_meta("bench", used), "torch_threads": torch.get_num_threads(),
+                "weight_dtypes": weights, "parts": [x for x, _ in workloads], "wall_time": wall}
+        payload = arms_payload(results, meta)
         for d, a in zip(payload["arms"], agreement):
             d["first_token_agreement"] = a
         write_json(args.json_path, payload)

@@ -1,71 +1,79 @@
-"""Flags shared by simulate, bench and experiment, read into the same config tree."""
+"""What simulate, bench and serve share: the workload flags, the SchedulerConfig the flags build, the
+results' meta, tables and JSON (the shared flags themselves: commands/flags.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from radixflow.config import CHECKPOINT_MODES, HANDOFF_MODES, SNAPSHOT_MODES, SchedulerConfig, help_of
+from radixflow.commands import flags
+from radixflow.commands.flags import add_scheduler_flags, positive_int, refuse
+from radixflow.config import SchedulerConfig, software_versions
 from radixflow.core.branch import Branch
 from radixflow.core.metrics import ArmMeasures, cost_identity
-from radixflow.core.policies import ARMS
+from radixflow.core.policies import parse_arms
 from radixflow.workloads.figure1 import FIGURE1_BUDGETS, figure1_records
 from radixflow.workloads.qa import ORDERS, STREAMS, paper_questions, stream_records
 from radixflow.workloads.trace import branch_from_record, load_trace
 
+__all__ = ["Plan", "add_scheduler_flags", "add_workload_flags", "arms_payload", "build_workloads", "check_workload",
+           "check_vllm_geometry", "check_vllm_scheduler",
+           "policies", "positive_int", "print_arms", "run_meta", "scheduler_config", "write_json"]
 
-def positive_int(s: str) -> int:
-    v = int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
+QA_WORKLOADS = ("multi-candidate", "figure1")
+# flags only the multi-candidate QA streams read (figure1 and trace files bring their own requests)
+QA_FLAGS = ("stream", "order", "questions", "rate", "branch_gap", "dataset_path", "tokenizer", "article_scale")
 
 
-def add_workload_flags(p: argparse.ArgumentParser, default_rate: float | None = None) -> None:
-    p.add_argument("--policy", default="radix,radixflow",
-                   help=f"comma list of arms ({', '.join(ARMS)}) or 'all'")
-    p.add_argument("--workload", default="multi-candidate",
-                   help="multi-candidate | figure1 | agentic | multi-turn | a .jsonl trace path")
-    p.add_argument("--stream", default="all", choices=[*STREAMS, "all"])
-    p.add_argument("--order", default="both", choices=[*ORDERS, "both"])
+def workload_name(allowed: tuple[str, ...]):
+    """A type: one of `allowed` or a trace file (.jsonl or an existing file; read later)."""
+    def workload(text: str) -> str:
+        if text in allowed or text.endswith(".jsonl") or Path(text).is_file():
+            return text
+        raise argparse.ArgumentTypeError(f"unknown workload {text!r}; choose from {' | '.join(allowed)} "
+                                         "| a .jsonl trace path")
+
+    return workload
+
+
+def add_workload_flags(p: argparse.ArgumentParser, default_rate: float | None = None,
+                       workloads: tuple[str, ...] = QA_WORKLOADS) -> None:
+    flags.add(p, "--policy", default=None, help=flags.FLAGS["--policy"]["help"] + " (default: radix,radixflow; "
+                                                                               "the session workloads: radix)")
+    p.add_argument("--workload", default="multi-candidate", type=workload_name(workloads),
+                   help=f"{' | '.join(workloads)} | a .jsonl trace path")
+    p.add_argument("--stream", default="all", choices=[*STREAMS, "all"], help="multi-candidate: the question stream")
+    p.add_argument("--order", default="both", choices=[*ORDERS, "both"], help="multi-candidate: question order")
     p.add_argument("--questions", type=positive_int, default=None, help="questions per stream (default: all 1,551)")
-    p.add_argument("--rate", type=float, default=default_rate,
+    p.add_argument("--rate", type=flags.non_negative_float, default=default_rate,
                    help="Poisson arrival rate, requests/s (default: 5 for Qwen, 1.5 for Nemotron; 0 = all at t=0)")
-    p.add_argument("--branch-gap", type=float, default=0.0,
+    p.add_argument("--branch-gap", type=flags.non_negative_float, default=0.0,
                    help="mean seconds between a question's branches (0: all four arrive together)")
     p.add_argument("--dataset-path", default=None, help="directory with QuALITY / RACE files to use instead of "
                                                         "the synthetic shapes")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json for --dataset-path token counts")
-    p.add_argument("--article-scale", type=float, default=1.0,
+    p.add_argument("--article-scale", type=flags.non_negative_float, default=1.0,
                    help="multiply synthetic article lengths (the CPU engine uses short documents)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", dest="json_path", default=None, help="write the results here")
+    flags.add(p, "--seed", "--json")
 
 
-def add_scheduler_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-num-seqs", type=positive_int, default=None, help=help_of(SchedulerConfig, "max_num_seqs"))
-    p.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
-                   help=help_of(SchedulerConfig, "max_num_batched_tokens"))
-    p.add_argument("--block-size", type=positive_int, default=16, help=help_of(SchedulerConfig, "block_size"))
-    p.add_argument("--state-interval", type=positive_int, default=512,
-                   help=help_of(SchedulerConfig, "state_interval"))
-    p.add_argument("--snapshot-mode", default="every-boundary", choices=SNAPSHOT_MODES,
-                   help=help_of(SchedulerConfig, "snapshot_mode"))
-    p.add_argument("--checkpoints", default="boundary", choices=CHECKPOINT_MODES,
-                   help=help_of(SchedulerConfig, "checkpoints"))
-    p.add_argument("--checkpoint-wait", default="grid", help=help_of(SchedulerConfig, "checkpoint_wait"))
-    p.add_argument("--handoff", default="off", choices=HANDOFF_MODES, help=help_of(SchedulerConfig, "handoff"))
-    p.add_argument("--handoff-max-levels", type=positive_int, default=2,
-                   help=help_of(SchedulerConfig, "handoff_max_levels"))
-    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                   help="disable prefix caching (--enable-prefix-caching is the default)")
-    p.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true")
-    p.set_defaults(enable_prefix_caching=True)
+def policies(args, default: str = "radix,radixflow") -> list:
+    """The arms of --policy (None: `default`)."""
+    return parse_arms(args.policy or default)
+
+
+def check_workload(args) -> None:
+    """Refuses the QA stream flags where the workload does not read them (before any work is done)."""
+    if args.workload != "multi-candidate":
+        refuse(args, QA_FLAGS, f"only --workload multi-candidate reads it, not {args.workload}")
+    elif not args.dataset_path:
+        refuse(args, ("tokenizer",), "token counts of --dataset-path files; give --dataset-path too")
 
 
 PAPER_BUDGETS = {  # SPEC §11: (S, T), calibrated once by the paper for the native arm
@@ -73,22 +81,74 @@ PAPER_BUDGETS = {  # SPEC §11: (S, T), calibrated once by the paper for the nat
     "qwen3.5-27b": (64, 8192), "nemotron-nano-9b-v2": (16, 8192), "qwen3-8b": (16, 8192),
 }
 PAPER_RATES = {"nemotron-nano-9b-v2": 1.5}
+_SCHEDULER_FIELDS = tuple(f.name for f in fields(SchedulerConfig))
 
 
-def scheduler_config(args, model_name: str, default_budget: tuple[int, int] = (16, 8192)) -> SchedulerConfig:
+def scheduler_config(args, model_name: str = "", default_budget: tuple[int, int] = (16, 8192),
+                     **fixed) -> SchedulerConfig:
+    """The SchedulerConfig of the flags: every SchedulerConfig field the command has a flag for (dest =
+    field name) is read, None meaning the default; S and T default to the paper's budgets of
+    `model_name` (figure1: its own); `fixed` overrides. Validated (ValueError naming the flag)."""
     s, t = PAPER_BUDGETS.get(model_name, default_budget)
-    if args.workload == "figure1":
+    if getattr(args, "workload", None) == "figure1":
         s, t = FIGURE1_BUDGETS["max_num_seqs"], FIGURE1_BUDGETS["max_num_batched_tokens"]
-    cfg = SchedulerConfig(max_num_seqs=args.max_num_seqs or s, max_num_batched_tokens=args.max_num_batched_tokens or t,
-                          block_size=args.block_size, state_interval=args.state_interval,
-                          enable_prefix_caching=args.enable_prefix_caching,
-                          snapshot_mode=getattr(args, "snapshot_mode", "every-boundary"),
-                          checkpoints=getattr(args, "checkpoints", "boundary"),
-                          checkpoint_wait=getattr(args, "checkpoint_wait", "grid"),
-                          handoff=getattr(args, "handoff", "off"),
-                          handoff_max_levels=getattr(args, "handoff_max_levels", 2))
+    values = {"max_num_seqs": s, "max_num_batched_tokens": t}
+    values.update({k: getattr(args, k) for k in _SCHEDULER_FIELDS if getattr(args, k, None) is not None})
+    values.update(fixed)
+    cfg = SchedulerConfig(**values)
     cfg.validate()
+    if cfg.checkpoints != "branch":
+        refuse(args, ("checkpoint_wait",), f"the wait rule of --checkpoints branch, not of {cfg.checkpoints}")
+    if cfg.handoff == "off":
+        refuse(args, ("handoff_max_levels",), "read only with --handoff on | auto")
     return cfg
+
+
+def check_vllm_geometry(args, cfg: SchedulerConfig, hybrid: bool) -> None:
+    """`cfg` as resolved (spec/vllm_align.apply_vllm_align): a hybrid model under vllm-align runs
+    vLLM's block, so a --block-size / --state-interval given beside it that differs is refused, not dropped."""
+    if hybrid and cfg.snapshot_mode == "vllm-align":
+        refuse(args, [d for d in ("block_size", "state_interval") if getattr(args, d) != getattr(cfg, d)],
+               f"--snapshot-mode vllm-align sets block = state interval = vLLM's hybrid block ({cfg.block_size} "
+               f"here)")
+
+
+def check_vllm_scheduler(args) -> None:
+    """What vLLM's own Scheduler (--scheduler vllm) has no counterpart for, refused where set."""
+    if getattr(args, "scheduler", "radixflow") != "vllm":
+        return
+    refuse(args, ("eviction",), "radixflow's cache only: vLLM's block pool evicts in its own LRU order")
+    refuse(args, ("state_interval",), "vLLM keeps state per block (align mode): give --block-size")
+    if args.snapshot_mode not in ("every-boundary", "vllm-align"):
+        refuse(args, ("snapshot_mode",), "vLLM's own Scheduler runs its align mode: use vllm-align")
+
+
+SCHEDULER_META = ("max_num_seqs", "max_num_batched_tokens", "block_size", "state_interval", "enable_prefix_caching",
+                  "snapshot_mode", "internal_checkpoint", "prefix_match_unit", "vllm_version", "mamba_cache_mode",
+                  "checkpoints", "checkpoint_wait", "handoff", "handoff_max_levels", "eviction", "num_kv_pages",
+                  "num_state_slots", "cache_memory_bytes")
+
+
+def run_meta(command: str, cfg: SchedulerConfig | None = None, **settings) -> dict:
+    """A results file's meta: the command, every scheduler setting of `cfg` (the one the Scheduler
+    got), the other `settings` that shape the figures, and the software versions."""
+    meta = {"command": command, **settings}
+    if cfg is not None:
+        meta.update({k: getattr(cfg, k) for k in SCHEDULER_META})
+    meta["versions"] = software_versions()
+    return meta
+
+
+@dataclass
+class Plan:
+    """What a command would run, built from its flags without running it (`plan(args)` in each command):
+    the results' meta, the SchedulerConfig handed to the Scheduler, the engine's config (bench, serve)
+    and whatever else the command needs."""
+
+    meta: dict
+    scheduler: SchedulerConfig | None = None
+    engine: object | None = None
+    extra: dict = field(default_factory=dict)
 
 
 def build_workloads(args, model_name: str, vocab: int = 32000) -> list[tuple[str, list[Branch]]]:
@@ -100,8 +160,6 @@ def build_workloads(args, model_name: str, vocab: int = 32000) -> list[tuple[str
     if args.workload != "multi-candidate":
         raise ValueError(f"unknown workload {args.workload!r}: multi-candidate | figure1 | a .jsonl path")
     rate = args.rate if args.rate is not None else PAPER_RATES.get(model_name, 5.0)
-    if rate < 0 or math.isnan(rate):
-        raise ValueError(f"--rate must be >= 0, got {rate}")
     if args.dataset_path:
         from radixflow.workloads.datasets import load_questions
 

@@ -11,32 +11,15 @@ import os
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from radixflow.commands.common import positive_int
-from radixflow.config import (
-    CHECKPOINT_MODES,
-    MAMBA_CACHE_MODES,
-    SNAPSHOT_MODES,
-    VLLM_VERSIONS,
-    SchedulerConfig,
-    help_of,
-)
+from radixflow.commands import flags
+from radixflow.commands.common import Plan, run_meta
+from radixflow.commands.flags import names_list, positive_int
 from radixflow.core.policies import ARMS
 from radixflow.integrations.vllm.sim_backend import SCHEDULERS, arm_runner
 from radixflow.report.experiment import PRESETS, preset, run_experiment, sim_setup
 from radixflow.report.paper import MODELS
 from radixflow.sim.cost_model import GPUS
 from radixflow.workloads.qa import ORDERS, STREAMS
-
-
-def _names(allowed):
-    def parse(s: str) -> tuple[str, ...]:
-        items = tuple(x.strip().lower() for x in s.split(",") if x.strip())
-        bad = [x for x in items if x not in allowed]
-        if bad or not items:
-            raise ValueError(f"unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(allowed)}")
-        return items
-
-    return parse
 
 
 def add_arguments(p) -> None:
@@ -54,85 +37,66 @@ def add_arguments(p) -> None:
         help="pick S, T for the native arm on 64 held-out questions, then freeze them for all arms",
     )
     p.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, help="worker processes")
-    p.add_argument("--models", default=None, help=f"comma list overriding the preset's ({', '.join(MODELS)})")
-    p.add_argument("--arms", default=None, help=f"comma list overriding the preset's ({', '.join(ARMS)})")
-    p.add_argument("--streams", default=None, help=f"comma list of {', '.join(STREAMS)}")
-    p.add_argument("--orders", default=None, help=f"comma list of {', '.join(ORDERS)}")
+    p.add_argument("--models", type=names_list(MODELS), default=None,
+                   help=f"comma list overriding the preset's ({', '.join(MODELS)})")
+    p.add_argument("--arms", type=names_list(tuple(ARMS)), default=None,
+                   help=f"comma list overriding the preset's ({', '.join(ARMS)})")
+    p.add_argument("--streams", type=names_list(STREAMS), default=None, help=f"comma list of {', '.join(STREAMS)}")
+    p.add_argument("--orders", type=names_list(ORDERS), default=None, help=f"comma list of {', '.join(ORDERS)}")
     p.add_argument("--questions", type=positive_int, default=None, help="questions per stream (preset's default)")
-    p.add_argument("--gpu", default=None, help=f"one of {', '.join(GPUS)} (default a800, as the paper)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument(
-        "--snapshot-mode",
-        default=None,
-        choices=SNAPSHOT_MODES,
-        help=help_of(SchedulerConfig, "snapshot_mode") + " (default: the preset's, vllm-align)",
-    )
-    p.add_argument("--checkpoints", default=None, choices=CHECKPOINT_MODES,
-                   help=help_of(SchedulerConfig, "checkpoints") + " (default: the preset's, boundary); every QA and "
-                        "multi-turn cell (the figure-1 toy instance keeps its own boundaries)")
-    p.add_argument("--checkpoint-wait", default=None, help=help_of(SchedulerConfig, "checkpoint_wait"))
-    p.add_argument("--branch-gap", type=float, default=None,
+    flags.add(p, "--gpu", default=None, help=f"one of {', '.join(GPUS)} (default a800, as the paper)")
+    flags.add(p, "--seed", default=None, help="seed of the workloads (default: the preset's, 0)")
+    flags.add(p, "--snapshot-mode", default=None,
+              help=flags.FLAGS["--snapshot-mode"]["help"] + " (default: the preset's, vllm-align)")
+    flags.add(p, "--checkpoints", default=None,
+              help=flags.FLAGS["--checkpoints"]["help"] + " (default: the preset's, boundary); every QA and "
+                   "multi-turn cell (the figure-1 toy instance keeps its own boundaries)")
+    flags.add(p, "--checkpoint-wait", default=None)
+    flags.add(p, "--handoff", default=None,
+              help=flags.FLAGS["--handoff"]["help"] + " (default: the preset's, off); every QA cell")
+    flags.add(p, "--handoff-max-levels", default=None)
+    p.add_argument("--branch-gap", type=flags.non_negative_float, default=None,
                    help="mean seconds between a question's branches (default: the preset's, 0.0005)")
-    p.add_argument("--prefix-match-unit", type=int, default=None,
-                   help=help_of(SchedulerConfig, "prefix_match_unit") + "; for every model (default: 0, "
-                        "the block: vLLM 0.33's default)")
-    p.add_argument("--vllm-version", default=None, choices=VLLM_VERSIONS,
-                   help=help_of(SchedulerConfig, "vllm_version") + "; for every model (default: 0.33)")
-    p.add_argument("--mamba-cache-mode", default=None, choices=MAMBA_CACHE_MODES,
-                   help=help_of(SchedulerConfig, "mamba_cache_mode") + "; for every model (default: align)")
+    flags.add(p, "--prefix-match-unit", default=None,
+              help=flags.FLAGS["--prefix-match-unit"]["help"] + "; for every model (default: 0, the block: "
+                   "vLLM 0.33's default)")
+    flags.add(p, "--vllm-version", default=None,
+              help=flags.FLAGS["--vllm-version"]["help"] + "; for every model (default: 0.33)")
+    flags.add(p, "--mamba-cache-mode", default=None,
+              help=flags.FLAGS["--mamba-cache-mode"]["help"] + "; for every model (default: align)")
     p.add_argument("--scheduler", default="radixflow", choices=SCHEDULERS,
                    help="radixflow: radixflow's scheduler; vllm: vLLM 0.33's own Scheduler (the 'vllm' extra; "
                         "the radixflow+frag arm has no vLLM counterpart and is left out)")
+    flags.remember_defaults(p)
+
+
+# flag dest -> Grid field, where a given value replaces the preset's as it is
+_GRID_FLAGS = ("models", "arms", "streams", "orders", "questions", "gpu", "seed", "snapshot_mode", "checkpoints",
+               "checkpoint_wait", "handoff", "handoff_max_levels", "branch_gap", "prefix_match_unit", "vllm_version",
+               "mamba_cache_mode")
 
 
 def grid_from_args(args):
     grid = preset(args.preset)
-    for flag, attr, allowed in (
-        ("models", "models", MODELS),
-        ("arms", "arms", tuple(ARMS)),
-        ("streams", "streams", STREAMS),
-        ("orders", "orders", ORDERS),
-    ):
-        value = getattr(args, flag)
-        if value:
-            setattr(grid, attr, _names(allowed)(value))
-    if args.questions:
-        grid.questions = args.questions
-    if args.gpu:
-        if args.gpu.lower() not in GPUS:
-            raise ValueError(f"unknown GPU {args.gpu!r}; choose from {', '.join(GPUS)}")
-        grid.gpu = args.gpu.lower()
-    if args.seed is not None:
-        grid.seed = args.seed
+    for name in _GRID_FLAGS:
+        value = getattr(args, name)
+        if value is not None:
+            setattr(grid, name, value)
     grid.calibrate = args.calibrate
-    if args.snapshot_mode:
-        grid.snapshot_mode = args.snapshot_mode
-    if args.branch_gap is not None:
-        if args.branch_gap < 0:
-            raise ValueError(f"--branch-gap must be >= 0, got {args.branch_gap}")
-        grid.branch_gap = args.branch_gap
-    if args.vllm_version:
-        grid.vllm_version = args.vllm_version
-    if args.mamba_cache_mode:
-        grid.mamba_cache_mode = args.mamba_cache_mode
-    if args.vllm_version or args.mamba_cache_mode:  # one clear line now, not one per cell
-        SchedulerConfig(snapshot_mode=grid.snapshot_mode, vllm_version=grid.vllm_version,
-                        mamba_cache_mode=grid.mamba_cache_mode).validate()
-    if args.prefix_match_unit is not None:
-        if args.prefix_match_unit < 0:
-            raise ValueError(f"--prefix-match-unit must be >= 0 (0: the block), got {args.prefix_match_unit}")
-        grid.prefix_match_unit = args.prefix_match_unit
-        for model in grid.models:  # one clear line now if the unit does not fit a model's block
-            sim_setup(grid, model, grid.budgets.get(model, (16, 8192))).scheduler_config()
-    if args.checkpoints:
-        grid.checkpoints = args.checkpoints
-    if args.checkpoint_wait:
-        SchedulerConfig(checkpoint_wait=args.checkpoint_wait).validate()  # one clear line, not one per cell
-        grid.checkpoint_wait = args.checkpoint_wait
     grid.scheduler = args.scheduler
+    if args.checkpoint_wait is not None and grid.checkpoints != "branch":
+        raise ValueError(f"--checkpoint-wait {args.checkpoint_wait}: the wait rule of --checkpoints branch, not of "
+                         f"{grid.checkpoints}")
+    if args.handoff_max_levels is not None and grid.handoff == "off":
+        raise ValueError(f"--handoff-max-levels {args.handoff_max_levels}: read only with --handoff on | auto")
     if args.scheduler == "vllm" and grid.checkpoints != "boundary":
         raise ValueError(f"--checkpoints {grid.checkpoints} is radixflow's scheduler only: vLLM's own Scheduler "
                          "(--scheduler vllm) caches state at its block boundaries")
+    if args.scheduler == "vllm" and grid.handoff != "off":
+        raise ValueError(f"--handoff {grid.handoff} is radixflow's scheduler only: vLLM's model runner cannot run "
+                         "a dependent row (docs/vllm.md)")
+    for model in grid.models:  # one clear line now if a setting does not fit a model, not one per cell
+        sim_setup(grid, model, grid.budgets.get(model, (16, 8192))).scheduler_config()
     if args.scheduler == "vllm":
         arm_runner("vllm")  # one clear line now if vLLM is missing, not one per cell
         if args.arms and "radixflow+frag" in grid.arms:
@@ -142,8 +106,19 @@ def grid_from_args(args):
     return grid
 
 
-def run(args) -> int:
+def plan(args) -> Plan:
+    """The grid `experiment` would run and the SchedulerConfig of its first model's QA cells, without running."""
     grid = grid_from_args(args)
+    model = grid.models[0]
+    cfg = sim_setup(grid, model, grid.budgets.get(model, (16, 8192))).scheduler_config()
+    meta = run_meta("experiment", cfg, model=model, models=list(grid.models), arms=list(grid.arms),
+                    streams=list(grid.streams), orders=list(grid.orders), questions=grid.questions, gpu=grid.gpu,
+                    seed=grid.seed, branch_gap=grid.branch_gap, scheduler=grid.scheduler, calibrate=grid.calibrate)
+    return Plan(meta, cfg, extra={"grid": grid})
+
+
+def run(args) -> int:
+    grid = plan(args).extra["grid"]
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),

@@ -11,8 +11,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from radixflow.commands.common import positive_int, write_json
-from radixflow.config import CHECKPOINT_MODES, SchedulerConfig, help_of
+from radixflow.commands import flags
+from radixflow.commands.common import Plan, run_meta, write_json
+from radixflow.commands.flags import non_negative_int, positive_int
+from radixflow.config import SchedulerConfig
 from radixflow.sim.chat_trace import trace_chat
 from radixflow.spec import get_spec
 from radixflow.workloads.multiturn import VARIANTS, ChatSpec, conversation
@@ -20,25 +22,37 @@ from radixflow.workloads.multiturn import VARIANTS, ChatSpec, conversation
 
 def add_arguments(p) -> None:
     p.add_argument("kind", choices=["multi-turn"], help="what to trace")
-    p.add_argument("--model", default="qwen3-8b", help="preset name or a directory with config.json")
-    p.add_argument("--system", type=int, default=200, help="system prompt tokens")
+    p.add_argument("--model", type=flags.sim_model, default="qwen3-8b", help="preset name or a directory with "
+                                                                             "config.json")
+    p.add_argument("--system", type=non_negative_int, default=200, help="system prompt tokens")
     p.add_argument("--user", type=positive_int, default=80, help="tokens per user turn")
     p.add_argument("--assistant", type=positive_int, default=150, help="tokens per assistant answer")
     p.add_argument("--turns", type=positive_int, default=5)
     p.add_argument("--variant", action="append", default=[], choices=VARIANTS,
                    help="also run a variant after the conversation (repeatable): a user rewrites turn 2, "
                         "or a new user shares only the system prompt")
-    p.add_argument("--block-size", type=positive_int, default=1, help="KV page size (1: exact hits)")
-    p.add_argument("--state-interval", type=positive_int, default=512,
-                   help="hybrid models: a state snapshot every this many tokens (and one at each turn's end)")
-    p.add_argument("--checkpoints", default="boundary", choices=CHECKPOINT_MODES,
-                   help=help_of(SchedulerConfig, "checkpoints"))
-    p.add_argument("--json", dest="json_path", default=None, help="write the trace here")
+    flags.add(p, "--block-size", default=1, help="KV page size (1: exact hits)")
+    flags.add(p, "--state-interval",
+              help="hybrid models: a state snapshot every this many tokens (and one at each turn's end)")
+    flags.add(p, "--checkpoints")
+    flags.add(p, "--json", help="write the trace here")
+    flags.remember_defaults(p)
+
+
+def plan(args) -> Plan:
+    """The scheduler settings of the replay (one row per round, T fitting the longest turn) and its meta."""
+    spec = get_spec(args.model)
+    cfg = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=max(8192, args.state_interval),
+                          block_size=args.block_size, state_interval=args.state_interval,
+                          checkpoints=args.checkpoints)
+    cfg.validate()
+    meta = run_meta("trace", cfg, model=spec.name, kind=args.kind, system=args.system, user=args.user,
+                    assistant=args.assistant, turns=args.turns, variants=list(args.variant))
+    return Plan(meta, cfg)
 
 
 def run(args) -> int:
-    if args.system < 0:
-        raise ValueError(f"--system must be >= 0, got {args.system}")
+    pl = plan(args)
     spec = get_spec(args.model)
     chat = ChatSpec(system_len=args.system, user_len=args.user, assistant_len=args.assistant,
                     turns=args.turns)
@@ -70,7 +84,7 @@ def run(args) -> int:
                                                            "no_shared_prefix": r.no_shared_prefix}}
 
         write_json(args.json_path, {
-            "model": spec.name, "hybrid": spec.is_hybrid, "block_size": args.block_size,
+            "meta": pl.meta, "model": spec.name, "hybrid": spec.is_hybrid, "block_size": args.block_size,
             "state_interval": args.state_interval, "checkpoints": args.checkpoints,
             "system": args.system, "user": args.user,
             "assistant": args.assistant, "turns": [row(r) for r in main],

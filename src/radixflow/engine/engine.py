@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixflow.config import SchedulerConfig
+from radixflow.config import DTYPES, SchedulerConfig
 from radixflow.core.batch import Batch
 from radixflow.core.branch import Branch, LogicalRequest
 from radixflow.core.policies import get_arm
@@ -38,12 +38,14 @@ class EngineConfig:
     seed: int = 0
 
 
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def _dtype(name: str) -> torch.dtype:
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(table)}")
-    return table[name]
+    """The torch dtype of one of config.DTYPES' names (the CLI's `--dtype` and `LLM(dtype=...)`)."""
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
+    return _TORCH_DTYPES[DTYPES[name]]
 
 
 class Engine:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from radixflow.config import SchedulerConfig
+from radixflow.config import SchedulerConfig, software_versions
 from radixflow.core.branch import group_requests
 from radixflow.core.policies import ARMS, get_arm
 from radixflow.integrations.vllm.sim_backend import arm_runner
@@ -78,6 +78,8 @@ class Grid:
     snapshot_mode: str = "vllm-align"  # SchedulerConfig.snapshot_mode (hybrid models); vLLM's own by default
     checkpoints: str = "boundary"  # SchedulerConfig.checkpoints (hybrid models): boundary | branch (SPEC §14)
     checkpoint_wait: str = "grid"  # SchedulerConfig.checkpoint_wait (branch checkpoints)
+    handoff: str = "off"  # SchedulerConfig.handoff (SPEC §15), QA cells
+    handoff_max_levels: int = 2  # SchedulerConfig.handoff_max_levels
     branch_gap: float = 0.0005  # mean s between a question's branches: the paper sends each on its own (§6)
     scheduler: str = "radixflow"  # radixflow | vllm (vLLM 0.33's Scheduler, integrations/vllm/sim_backend.py)
     # vllm-align: vLLM's --prefix-match-unit for every model (0 = the block B, vLLM 0.33's default: no
@@ -112,6 +114,8 @@ class Grid:
         }
         if self.checkpoints != "boundary":  # absent from older cells: they stay valid
             fp.update(checkpoints=self.checkpoints, checkpoint_wait=self.checkpoint_wait)
+        if self.handoff != "off":  # likewise
+            fp.update(handoff=self.handoff, handoff_max_levels=self.handoff_max_levels)
         if cell.kind == "qa":
             fp.update(branch_gap=self.branch_gap, scheduler=self.scheduler)
             if self.unit_of(cell.model):  # absent at 0, so cells run before the field keep their fingerprint
@@ -145,7 +149,8 @@ def sim_setup(grid: Grid, model: str, budgets: tuple[int, int], hook=None) -> Si
     cfg = SchedulerConfig(max_num_seqs=budgets[0], max_num_batched_tokens=budgets[1], snapshot_mode=grid.snapshot_mode,
                           prefix_match_unit=grid.unit_of(model), checkpoints=grid.checkpoints,
                           vllm_version=grid.vllm_version, mamba_cache_mode=grid.mamba_cache_mode,
-                          checkpoint_wait=grid.checkpoint_wait)
+                          checkpoint_wait=grid.checkpoint_wait, handoff=grid.handoff,
+                          handoff_max_levels=grid.handoff_max_levels)
     cfg.validate()
     return SimSetup(spec, get_gpu(grid.gpu), cfg, round_hook=hook)
 
@@ -184,6 +189,9 @@ def _qa_cell(grid: Grid, cell: Cell) -> dict:
             "snapshot_mode": grid.snapshot_mode,
             "checkpoints": grid.checkpoints,
             "checkpoint_wait": grid.checkpoint_wait,
+            "handoff": grid.handoff,
+            "handoff_max_levels": grid.handoff_max_levels,
+            "state_interval": setup.scheduler_config().state_interval,
             "block_size": setup.scheduler_config().block_size,
             "branch_gap": grid.branch_gap,
             "scheduler": grid.scheduler,
@@ -214,7 +222,7 @@ def _figure1_cell(grid: Grid, cell: Cell) -> dict:
     budgets = (FIGURE1_BUDGETS["max_num_seqs"], FIGURE1_BUDGETS["max_num_batched_tokens"])
     # The toy instance fixes its own boundaries (SPEC §11), whatever mode the grid runs in.
     setup = sim_setup(replace(grid, snapshot_mode="every-boundary", checkpoints="boundary", prefix_match_unit=0,
-                              vllm_version="0.33", mamba_cache_mode="align"),
+                              vllm_version="0.33", mamba_cache_mode="align", handoff="off"),
                       cell.model, budgets, hook)
     vocab = setup.spec.vocab_size
     m, _ = run_arm(setup, get_arm(cell.arm), [[branch_from_record(r, "figure1", vocab) for r in figure1_records()]])
@@ -270,6 +278,7 @@ def run_cell(task: tuple[Grid, Cell, str]) -> tuple[str, float, str | None]:
             gpu=grid.gpu,
             seed=grid.seed,
             wall_time=wall,
+            versions=software_versions(),
             fingerprint=grid.fingerprint(cell),
         )
         write_atomic(path, data)

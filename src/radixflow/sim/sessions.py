@@ -10,6 +10,7 @@ and only the cache differs.
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 
 from radixflow.config import SchedulerConfig
 from radixflow.core.batch import Batch, ExecResult, Sample
@@ -99,10 +100,20 @@ def parse_capacity(text: str, sessions: list[Session]) -> int:
 
 def simulate_policies(sessions: list[Session], model: str, gpu: str, evictions: list[str], capacity: str,
                       block_size: int = 16, max_num_seqs: int = 16, max_num_batched_tokens: int = 8192,
-                      state_interval: int = 512, state_slots: int | None = None, check: bool = False) -> dict:
-    """Runs the same sessions under each eviction policy; measures, steady state and p99 ratios."""
+                      state_interval: int = 512, state_slots: int | None = None, check: bool = False,
+                      config: SchedulerConfig | None = None, arm: str = "radix") -> dict:
+    """Runs the same sessions under each eviction policy; measures, steady state and p99 ratios.
+
+    `config`, if given, is the scheduler's configuration (snapshot mode, checkpoints, hand-off, ...)
+    and its block size, budgets and interval replace the four arguments above; each run sets only
+    the pool sizes (from `capacity`, `state_slots`) and the eviction policy."""
+    if config is None:
+        config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                 block_size=block_size, state_interval=state_interval)
+    block_size = config.block_size
     spec = get_spec(model)
     cost = CostModel(spec, get_gpu(gpu))
+    cost.block_size = block_size  # what a page copy moves
     cap = parse_capacity(capacity, sessions)
     unit, shared = full_prefix_unit(sessions)
     longest = max((c.prompt_end + c.output_len for s in sessions for c in s.calls), default=0)
@@ -111,12 +122,11 @@ def simulate_policies(sessions: list[Session], model: str, gpu: str, evictions: 
                          f"with its answer): give at least {longest + block_size:,}")
     rows = []
     for ev in evictions:
-        cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                              block_size=block_size, state_interval=state_interval,
-                              num_kv_pages=max(1, cap // block_size), eviction=ev)
+        cfg = replace(config, num_kv_pages=max(1, cap // block_size), eviction=ev, cache_memory_bytes=0)
         if state_slots is not None:
             cfg.num_state_slots = state_slots
-        sched = Scheduler(cfg, get_arm("radix"), spec.is_hybrid, reuse_costs(spec, block_size))
+        cfg.validate()
+        sched = Scheduler(cfg, get_arm(arm), spec.is_hybrid, reuse_costs(spec, block_size))
         run = run_sessions(sched, SimExecutor(cost, spec.vocab_size), sessions,
                            on_round=(lambda s, b: s.check_integrity()) if check else None)
         row = vars(measure_sessions(ev, run))
