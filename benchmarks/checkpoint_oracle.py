@@ -17,7 +17,7 @@ consumer only needs the producer's K/V for positions < d, which the same forward
 attention reads it. It is a measurement of what the visibility rule costs, not a mode to build.
 
 The hook is the smallest one there is and lives here, not in product code: inside `same_round_state()`
-`Scheduler._boundary` (where `_check` learns whether a branch is Ready or Blocked) answers a pending
+`Readiness.boundary` (where `Readiness.check` learns whether a branch is Ready or Blocked) answers a pending
 snapshot as the ready one. Nothing else changes: the producer still writes its snapshots in its own
 row, the consumer still locks and copies what it reads, `--check` runs `check_integrity()` after
 every round of every run.
@@ -43,13 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from checkpoint_wait import run  # noqa: E402
 from radixflow.cache.radix import Boundary  # noqa: E402
-from radixflow.core.scheduler import Scheduler  # noqa: E402
+from radixflow.core.readiness import Readiness  # noqa: E402
 
 
 @contextlib.contextmanager
 def same_round_state():
     """ORACLE (impossible for recurrent layers): a snapshot pending this round counts as published."""
-    original = Scheduler._boundary
+    original = Readiness.boundary
 
     def oracle_boundary(self, b, m):
         bd = original(self, b, m)
@@ -57,11 +57,11 @@ def same_round_state():
             return bd
         return Boundary(bd.blocking.depth, bd.blocking, None)  # the deepest snapshot, pending or not
 
-    Scheduler._boundary = oracle_boundary
+    Readiness.boundary = oracle_boundary
     try:
         yield
     finally:
-        Scheduler._boundary = original
+        Readiness.boundary = original
 
 
 def main() -> None:
