@@ -117,6 +117,7 @@ def digest_run(sched: Scheduler, executor, branches: list[Branch]) -> str:
     COUNTS["evicted pages"] += sched.index.evicted_pages
     COUNTS["evicted snapshots"] += sched.index.evicted_snapshots
     COUNTS["exact checkpoints"] += sched.exact_checkpoints
+    COUNTS["hand-offs"] += sched.handoff_rows
     for b in sorted(res.branches, key=lambda b: b.uid):
         m = b.misses.to_dict() if b.misses is not None else None
         h.update(repr((b.uid, b.key, b.cached_tokens, b.identity_hit, b.num_preemptions, b.num_fragments,

@@ -88,6 +88,19 @@ class Memory:
             tr.working = self.slots.allocate_one()
         return state_in, copy_in
 
+    def start_dependent(self, b: Branch, plan: Plan, now: float) -> None:
+        """A dependent row (SPEC §15) takes the producer's path: the matched path locked, the pages below
+        its start d from the tree (the producer's, pending), a working slot the engine fills with the
+        producer's state at d. A page that d cuts is the row's own (`place` allocates it; the engine
+        forks the producer's first d % block_size rows into it). Nothing is read from the cache."""
+        tr = b.sched
+        node = plan.match.node
+        self.index.lock(node, now)
+        tr.node = node
+        tr.page_table = self.index.pages_upto(plan.match, plan.start // self.block_size)
+        tr.level = plan.snapshot.level  # the chain depth D, as if it had waited for the snapshot
+        tr.working = self.slots.allocate_one()
+
     def place(self, b: Branch, start: int, n: int, batch: Batch, now: float, state_in: int | None,
               first: bool = False, copy_in: tuple[int, int] | None = None) -> Fragment:
         """Row [start, start + n) of `b` into `batch`: its pages (the caller made room), its full pages

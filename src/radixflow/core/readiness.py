@@ -17,19 +17,21 @@ from radixflow.cache.radix import Boundary, Match, Node, RadixIndex, chain_hashe
 from radixflow.core.batch import Outcome
 from radixflow.core.branch import Branch
 from radixflow.core.claims import Claims, finishes_now
+from radixflow.core.handoff import RECOMPUTE, WAIT, Forward, HandoffCosts, choose
 from radixflow.core.rules import Rules
 from radixflow.core.track import Plan
 
 
 class Readiness:
     def __init__(self, rules: Rules, index: RadixIndex, pages: IdPool, slots: IdPool,
-                 ensure: Callable[[int, int], bool]) -> None:
+                 ensure: Callable[[int, int], bool], handoff_costs: HandoffCosts | None = None) -> None:
         self.rules = rules
         self.config = rules.config
         self.index = index
         self.pages = pages
         self.slots = slots
         self.ensure = ensure
+        self.handoff_costs = handoff_costs  # --handoff auto's weights (None: hand off wherever possible)
 
     def match(self, b: Branch) -> Match:
         """ĥ in whole pages (pending pages included); sets the branch's Blocked-group key."""
@@ -98,12 +100,16 @@ class Readiness:
         return claims.allows(b, end, take, p.num_free + ev_pages, sl.num_free + ev_snaps, bytes_check)
 
     def check(self, b: Branch, rows: int, tokens: int, allow_split: bool = False,
-              claims: Claims | None = None, next_sure: bool = False, frag: bool = False):
+              claims: Claims | None = None, next_sure: bool = False, frag: bool = False,
+              forward: Forward | None = None):
         """σ_t(b | B) at the scan position, plus the plan to select it. A Blocked branch's plan holds
         the pending snapshot it waits for and its start at t+1 (that snapshot's depth). With `claims`
         (D_t is not empty), a Ready branch that would take D's t+1 capacity is Other ("claim").
         `next_sure`: round t+1 runs whatever the rest of the scan does (a branch-point wait is free);
-        `frag`: the arm's +Frag rule (SPEC §7: a short fragment is Other until nothing else fits)."""
+        `frag`: the arm's +Frag rule (SPEC §7: a short fragment is Other until nothing else fits);
+        `forward`: this round's producers, when hand-off is on (SPEC §15): a branch Blocked on a state a
+        row of this forward computes is Ready as that row's dependent (`Plan.after`), or `auto` may
+        choose to recompute or wait instead."""
         if rows == 0:
             return Outcome.OTHER, None, "rows"
         if tokens == 0:
@@ -113,7 +119,14 @@ class Readiness:
         snapshot = None
         if r.hybrid:
             bd = self.boundary(b, m)
-            if bd.blocking is not None and r.branch_points is not None:
+            choice = None
+            if bd.blocking is not None and forward is not None:
+                choice = self._handoff(b, m, bd, tokens, claims, next_sure, frag, forward)
+                if isinstance(choice, Plan):
+                    return Outcome.READY, choice, None
+                if choice == RECOMPUTE:
+                    bd = Boundary(bd.ready, bd.ready_snapshot, None)
+            if bd.blocking is not None and r.branch_points is not None and choice != WAIT:
                 if not r.branch_points.worth_waiting(bd.ready, bd.blocking.depth, next_sure):
                     bd = Boundary(bd.ready, bd.ready_snapshot, None)  # cheaper to recompute the gap now
             if bd.blocking is not None:
@@ -152,3 +165,47 @@ class Readiness:
         if not ok:
             return Outcome.OTHER, None, "memory"
         return Outcome.READY, Plan(m, start, n, snapshot), None
+
+    def _handoff(self, b: Branch, m: Match, bd: Boundary, tokens: int, claims: Claims | None, next_sure: bool,
+                 frag: bool, forward: Forward) -> Plan | str | None:
+        """A dependent row's plan for `b`, Blocked at d = bd.blocking.depth, or `auto`'s RECOMPUTE / WAIT,
+        or None where no hand-off is possible (then the rule of `--handoff off` applies): the producer's
+        row [a, b) must hold d (a < d <= b), the level must be allowed, and the dependent's fragment must
+        fit (tokens, memory, D's claim). Its pages below d are the tree's on the matched path: the
+        producer's, or (where the producer keeps a private duplicate) the tree's copy of the same
+        tokens, written in this forward or published before it."""
+        snap = bd.blocking
+        p = forward.rows.get(snap.producer)
+        if p is None:
+            return None
+        prod = forward.batch.fragments[p]
+        d = snap.depth
+        if not prod.start < d <= prod.end:
+            return None
+        level = forward.levels[p] + 1
+        if level >= self.config.handoff_max_levels:
+            return None
+        r = self.rules
+        junction = r.junction(m, d)
+        n = r.chunk(d, b.num_tokens, tokens, b, junction)
+        if n == 0:
+            return None
+        k = d // r.block_size
+        if self.config.handoff == "auto":
+            choice = choose(self.handoff_costs, level > forward.depth, d - bd.ready, next_sure,
+                            self.config.max_num_seqs)
+            if choice != "handoff":
+                return choice
+        if frag and n < r.chunk(d, b.num_tokens, self.config.max_num_batched_tokens, b, junction):
+            return None
+        node = m.node
+        need = -(-(d + n) // r.block_size) - k
+        if claims is not None and claims.active and not self.claim_allows(claims, b, d + n, need, node):
+            return None
+        if self.pages.budget is not None or need > self.pages.num_free or self.slots.num_free < 1:
+            self.index.lock(node)
+            ok = self.ensure(need, 1)
+            self.index.unlock(node)
+            if not ok:
+                return None
+        return Plan(m, d, n, snap, bd.ready, after=p)

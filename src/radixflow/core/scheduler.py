@@ -23,6 +23,7 @@ from radixflow.core.batch import Batch, ExecResult, Outcome
 from radixflow.core.branch import Branch, BranchState
 from radixflow.core.captures import Captures
 from radixflow.core.claims import Claims, finishes_now
+from radixflow.core.handoff import Forward, HandoffCosts
 from radixflow.core.integrity import check_scheduler, holds_nothing
 from radixflow.core.lookup import Arrival, BlockedGroups, arrival_hashes
 from radixflow.core.memory import Memory
@@ -44,6 +45,9 @@ class RoundRecord:
     deferred: int
     host_time: float = 0.0
     capture_time: float = 0.0
+    handoff_rows: int = 0  # dependent rows (SPEC §15)
+    levels: int = 1  # recurrent levels in the forward (1: no dependents)
+    handoff_time: float = 0.0  # the part of host_time spent in extra levels
 
 
 class Scheduler:
@@ -51,7 +55,8 @@ class Scheduler:
     # property tests replay every round both ways and require the same batch).
     group_shortcut = True
 
-    def __init__(self, config: SchedulerConfig, arm: Arm, hybrid: bool, costs: ReuseCosts | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, arm: Arm, hybrid: bool, costs: ReuseCosts | None = None,
+                 handoff_costs: HandoffCosts | None = None) -> None:
         config.validate()
         self.config = config
         self.arm = arm
@@ -70,7 +75,10 @@ class Scheduler:
         self.memory = Memory(rules, self.index, self.pages, self.slots)
         self.captures = Captures(rules, self.index, self.pages, self.slots, self.memory.ensure, self._known)
         self.memory.captures = self.captures
-        self.ready = Readiness(rules, self.index, self.pages, self.slots, self.memory.ensure)
+        self.ready = Readiness(rules, self.index, self.pages, self.slots, self.memory.ensure, handoff_costs)
+        self.handoff = hybrid and config.handoff != "off"  # SPEC §15 (full attention never sees Blocked)
+        self.handoff_rows = 0
+        self._forward: Forward | None = None  # this round's producers, when hand-off is on
         self.held: list[Branch] = []
         self.waiting: list[Branch] = []
         self.running: list[Branch] = []
@@ -149,6 +157,7 @@ class Scheduler:
         batch = Batch(self.round)
         rows, tokens = self.config.max_num_seqs, self.config.max_num_batched_tokens
         preempted = False
+        self._forward = forward = Forward(batch) if self.handoff else None
         i = 0
         while i < len(self.running) and rows and tokens:
             b = self.running[i]
@@ -166,6 +175,8 @@ class Scheduler:
                     break
             else:
                 self.memory.place(b, b.num_computed_tokens, n, batch, now, None)
+                if forward is not None:
+                    forward.placed(b.uid)
                 rows -= 1
                 tokens -= n
                 i += 1
@@ -176,7 +187,11 @@ class Scheduler:
         else:
             self._scan_waiting(batch, rows, tokens, now)
         if batch:
-            self.rounds.append(RoundRecord(batch.round, now, batch.num_rows, batch.num_tokens, batch.deferred))
+            rec = RoundRecord(batch.round, now, batch.num_rows, batch.num_tokens, batch.deferred)
+            if forward is not None:
+                rec.handoff_rows, rec.levels = forward.dependents, forward.depth + 1
+                self.handoff_rows += forward.dependents
+            self.rounds.append(rec)
         else:
             self.round -= 1
         return batch
@@ -186,6 +201,7 @@ class Scheduler:
         if self.rounds and self.rounds[-1].round == batch.round:
             self.rounds[-1].host_time = result.host_time
             self.rounds[-1].capture_time = result.capture_time
+            self.rounds[-1].handoff_time = result.handoff_time
         done = []
         for i, frag in enumerate(batch.fragments):
             b = frag.branch
@@ -374,7 +390,7 @@ class Scheduler:
 
     def _check(self, b: Branch, rows: int, tokens: int, allow_split: bool = False, claims: Claims | None = None):
         """σ_t(b | B) at the scan position (core/readiness.py), with this scan's state."""
-        return self.ready.check(b, rows, tokens, allow_split, claims, self._next_sure, self.arm.frag)
+        return self.ready.check(b, rows, tokens, allow_split, claims, self._next_sure, self.arm.frag, self._forward)
 
     # ================================================================== placing rows
     def _select(self, b: Branch, plan: Plan, batch: Batch, now: float) -> None:
@@ -391,8 +407,17 @@ class Scheduler:
         tr.group_key = tr.next_hash = None
         b.num_computed_tokens = start
         tr.junction = self.rules.junction(plan.match, start) if self.rules.vllm_align else 0
+        forward = self._forward
+        if plan.after is not None:  # a dependent row of this forward (SPEC §15)
+            self.memory.start_dependent(b, plan, now)
+            frag = self.memory.place(b, start, plan.num_tokens, batch, now, None, first=True)
+            frag.after = plan.after
+            forward.placed(b.uid, forward.levels[plan.after] + 1)
+            return
         state_in, copy_in = self.memory.start(b, plan, now)
         self.memory.place(b, start, plan.num_tokens, batch, now, state_in, first=True, copy_in=copy_in)
+        if forward is not None:
+            forward.placed(b.uid)
 
     # ================================================================== finishing
     def _finish_reason(self, b: Branch, sample) -> str | None:

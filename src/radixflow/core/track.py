@@ -43,3 +43,4 @@ class Plan(NamedTuple):
     num_tokens: int
     snapshot: Snapshot | None
     ready: int = 0  # a Blocked plan: the depth its ready state is at (what the wait saves is start - ready)
+    after: int | None = None  # a hand-off (SPEC §15): the producer's row; `snapshot` is the pending state read

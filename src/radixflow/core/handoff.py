@@ -1,0 +1,80 @@
+"""In-forward state hand-off (SPEC §15): a consumer that would be Blocked on a state its same-round
+producer computes runs in that forward as a dependent row, reading the producer's state at its depth.
+
+This module holds the round's producers (`Forward`: which row each branch is, at which level of the
+forward) and the `auto` rule (`choose`). The scheduler's readiness check decides where a hand-off is
+possible (core/readiness.py); the engine runs each recurrent layer level by level.
+
+A row's level: 0 when it reads only published state, its producer's level + 1 for a dependent;
+`--handoff-max-levels L` allows levels 0 .. L-1 in one forward (L = 1 is no hand-off: §9's bound's
+dependency term D becomes ⌈D / L⌉).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixflow.core.batch import Batch
+
+
+@dataclass(frozen=True)
+class HandoffCosts:
+    """What `--handoff auto` weighs, in seconds of host time (the simulator's cost model gives them,
+    `sim/cost_model.py: CostModel.handoff_costs`)."""
+
+    level: float  # one extra recurrent level in a forward (its kernel launches, every recurrent layer)
+    token: float  # one more prefill token in a row (what recomputing the gap costs per token)
+    round: float  # the fixed part of one more round (host + launches): what a wait costs when t+1 would not run
+
+
+HANDOFF, WAIT, RECOMPUTE = "handoff", "wait", "recompute"
+
+
+def choose(costs: HandoffCosts | None, new_level: bool, gap: int, next_sure: bool, max_rows: int) -> str:
+    """`--handoff auto` for one consumer Blocked at depth d whose published state lies `gap` tokens below d:
+    - hand-off costs the extra level when this consumer opens it (`new_level`), nothing more when the
+      level already runs in this forward (its rows share the level's launches);
+    - recompute costs the gap's tokens now;
+    - wait costs the consumer one round: its latency when round t+1 runs anyway (`next_sure`), and
+      that round's host time as well when t+1 would not run without it.
+    The cheapest wins; ties go to hand-off, then recompute. Without costs, hand-off. (`max_rows` is
+    kept for a rule that shares a round among its rows; this one does not.)"""
+    if costs is None:
+        return HANDOFF
+    handoff = costs.level if new_level else 0.0
+    recompute = gap * costs.token
+    wait = costs.round if next_sure else 2 * costs.round
+    best = min(handoff, recompute, wait)
+    if handoff <= best:
+        return HANDOFF
+    return RECOMPUTE if recompute <= best else WAIT
+
+
+class Forward:
+    """Round t's rows as producers: the row of each branch placed so far and its level."""
+
+    __slots__ = ("batch", "rows", "levels", "depth", "dependents")
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        self.rows: dict[int, int] = {}  # branch uid -> index in batch.fragments
+        self.levels: list[int] = []  # level of each row
+        self.depth = 0  # deepest level so far (levels in this forward = depth + 1)
+        self.dependents = 0  # rows handed off
+
+    def placed(self, uid: int, level: int = 0) -> None:
+        """The row just appended to the batch belongs to branch `uid`, at `level`."""
+        self.rows[uid] = len(self.levels)
+        self.levels.append(level)
+        if level:
+            self.dependents += 1
+            if level > self.depth:
+                self.depth = level
+
+
+def levels_of(batch: Batch) -> list[int]:
+    """Each row's level, from `Fragment.after` (producers come first)."""
+    out: list[int] = []
+    for f in batch.fragments:
+        out.append(0 if f.after is None else out[f.after] + 1)
+    return out
