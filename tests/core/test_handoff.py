@@ -212,12 +212,13 @@ def test_one_level_means_no_handoff_and_levels_chain():
 
 def test_auto_weighs_level_recompute_and_wait():
     costs = HandoffCosts(level=0.010, token=0.0001, round=0.040)
-    assert choose(costs, True, 500, True, 16) == "handoff"  # 10 ms < 50 ms recompute, < 40 ms wait
-    assert choose(costs, True, 50, False, 16) == RECOMPUTE  # 5 ms < 10 ms level, < 80 ms (two rounds)
-    assert choose(costs, False, 50, False, 16) == "handoff"  # the level already runs: free
-    assert choose(HandoffCosts(level=0.050, token=0.001, round=0.040), True, 500, True, 16) == WAIT
-    assert choose(HandoffCosts(level=0.050, token=0.001, round=0.040), True, 500, False, 16) == "handoff"
-    assert choose(None, True, 1, True, 1) == "handoff"
+    assert choose(costs, True, 500, True) == "handoff"  # 10 ms < 50 ms recompute, < 40 ms wait
+    assert choose(costs, True, 50, False) == RECOMPUTE  # 5 ms < 10 ms level, < 80 ms (two rounds)
+    assert choose(costs, True, 50, False, spent=0.006) == "handoff"  # ski rental: 5 + 6 ms paid >= the level
+    assert choose(costs, False, 50, False) == "handoff"  # the level already runs: free
+    assert choose(HandoffCosts(level=0.050, token=0.001, round=0.040), True, 500, True) == WAIT
+    assert choose(HandoffCosts(level=0.050, token=0.001, round=0.040), True, 500, False) == "handoff"
+    assert choose(None, True, 1, True) == "handoff"
 
 
 def test_auto_recomputes_a_short_gap_and_hands_off_a_long_one():

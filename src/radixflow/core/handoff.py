@@ -30,18 +30,20 @@ class HandoffCosts:
 HANDOFF, WAIT, RECOMPUTE = "handoff", "wait", "recompute"
 
 
-def choose(costs: HandoffCosts | None, new_level: bool, gap: int, next_sure: bool, max_rows: int) -> str:
+def choose(costs: HandoffCosts | None, new_level: bool, gap: int, next_sure: bool, spent: float = 0.0) -> str:
     """`--handoff auto` for one consumer Blocked at depth d whose published state lies `gap` tokens below d:
     - hand-off costs the extra level when this consumer opens it (`new_level`), nothing more when the
-      level already runs in this forward (its rows share the level's launches);
+      level already runs in this forward (its rows share the level's launches). The level is bought as
+      in ski rental: `spent` is what this round already paid recomputing gaps instead of opening it, so
+      the level costs `level - spent` more, and a round never pays more than one level's worth of
+      recomputation before it opens the level (at most twice the best choice made in hindsight);
     - recompute costs the gap's tokens now;
     - wait costs the consumer one round: its latency when round t+1 runs anyway (`next_sure`), and
       that round's host time as well when t+1 would not run without it.
-    The cheapest wins; ties go to hand-off, then recompute. Without costs, hand-off. (`max_rows` is
-    kept for a rule that shares a round among its rows; this one does not.)"""
+    The cheapest wins; ties go to hand-off, then recompute. Without costs, hand-off."""
     if costs is None:
         return HANDOFF
-    handoff = costs.level if new_level else 0.0
+    handoff = max(0.0, costs.level - spent) if new_level else 0.0
     recompute = gap * costs.token
     wait = costs.round if next_sure else 2 * costs.round
     best = min(handoff, recompute, wait)
@@ -53,7 +55,7 @@ def choose(costs: HandoffCosts | None, new_level: bool, gap: int, next_sure: boo
 class Forward:
     """Round t's rows as producers: the row of each branch placed so far and its level."""
 
-    __slots__ = ("batch", "rows", "levels", "depth", "dependents")
+    __slots__ = ("batch", "rows", "levels", "depth", "dependents", "spent")
 
     def __init__(self, batch: Batch) -> None:
         self.batch = batch
@@ -61,6 +63,7 @@ class Forward:
         self.levels: list[int] = []  # level of each row
         self.depth = 0  # deepest level so far (levels in this forward = depth + 1)
         self.dependents = 0  # rows handed off
+        self.spent = 0.0  # `auto`: seconds of gaps recomputed this round instead of opening a level
 
     def placed(self, uid: int, level: int = 0) -> None:
         """The row just appended to the batch belongs to branch `uid`, at `level`."""

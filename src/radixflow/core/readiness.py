@@ -192,8 +192,9 @@ class Readiness:
             return None
         k = d // r.block_size
         if self.config.handoff == "auto":
-            choice = choose(self.handoff_costs, level > forward.depth, d - bd.ready, next_sure,
-                            self.config.max_num_seqs)
+            choice = choose(self.handoff_costs, level > forward.depth, d - bd.ready, next_sure, forward.spent)
+            if choice == RECOMPUTE:
+                forward.spent += (d - bd.ready) * self.handoff_costs.token
             if choice != "handoff":
                 return choice
         if frag and n < r.chunk(d, b.num_tokens, self.config.max_num_batched_tokens, b, junction):
