@@ -30,21 +30,23 @@ class HandoffCosts:
 HANDOFF, WAIT, RECOMPUTE = "handoff", "wait", "recompute"
 
 
-def choose(costs: HandoffCosts | None, new_level: bool, gap: int, next_sure: bool, spent: float = 0.0) -> str:
+def choose(costs: HandoffCosts | None, new_level: bool, gap: int, next_sure: bool, spent: float = 0.0,
+           sharers: int = 1) -> str:
     """`--handoff auto` for one consumer Blocked at depth d whose published state lies `gap` tokens below d:
     - hand-off costs the extra level when this consumer opens it (`new_level`), nothing more when the
       level already runs in this forward (its rows share the level's launches). The level is bought as
       in ski rental: `spent` is what this round already paid recomputing gaps instead of opening it, so
       the level costs `level - spent` more, and a round never pays more than one level's worth of
       recomputation before it opens the level (at most twice the best choice made in hindsight);
-    - recompute costs the gap's tokens now;
+    - recompute costs the gap's tokens now, for each of the `sharers` consumers one level would serve
+      (this one and its request's siblings queued right behind it, which the scan meets next);
     - wait costs the consumer one round: its latency when round t+1 runs anyway (`next_sure`), and
       that round's host time as well when t+1 would not run without it.
     The cheapest wins; ties go to hand-off, then recompute. Without costs, hand-off."""
     if costs is None:
         return HANDOFF
     handoff = max(0.0, costs.level - spent) if new_level else 0.0
-    recompute = gap * costs.token
+    recompute = gap * costs.token * (sharers if new_level else 1)
     wait = costs.round if next_sure else 2 * costs.round
     best = min(handoff, recompute, wait)
     if handoff <= best:
@@ -55,7 +57,9 @@ def choose(costs: HandoffCosts | None, new_level: bool, gap: int, next_sure: boo
 class Forward:
     """Round t's rows as producers: the row of each branch placed so far and its level."""
 
-    __slots__ = ("batch", "rows", "levels", "depth", "dependents", "spent")
+    __slots__ = ("batch", "rows", "levels", "depth", "dependents", "spent", "queue", "pos")
+
+    MAX_SHARERS = 64  # siblings looked at behind a consumer
 
     def __init__(self, batch: Batch) -> None:
         self.batch = batch
@@ -64,6 +68,8 @@ class Forward:
         self.depth = 0  # deepest level so far (levels in this forward = depth + 1)
         self.dependents = 0  # rows handed off
         self.spent = 0.0  # `auto`: seconds of gaps recomputed this round instead of opening a level
+        self.queue: list = []  # the waiting queue being scanned, and the scan's position in it
+        self.pos = 0
 
     def placed(self, uid: int, level: int = 0) -> None:
         """The row just appended to the batch belongs to branch `uid`, at `level`."""
@@ -73,6 +79,16 @@ class Forward:
             self.dependents += 1
             if level > self.depth:
                 self.depth = level
+
+
+    def sharers(self, b) -> int:
+        """`b` and its request's branches queued right behind it (they wait on the same producer)."""
+        q, rid, ns = self.queue, b.request_id, b.namespace
+        n, j, end = 1, self.pos + 1, min(len(self.queue), self.pos + 1 + self.MAX_SHARERS)
+        while j < end and q[j].request_id == rid and q[j].namespace == ns:
+            n += 1
+            j += 1
+        return n
 
 
 def levels_of(batch: Batch) -> list[int]:

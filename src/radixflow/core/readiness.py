@@ -192,7 +192,9 @@ class Readiness:
             return None
         k = d // r.block_size
         if self.config.handoff == "auto":
-            choice = choose(self.handoff_costs, level > forward.depth, d - bd.ready, next_sure, forward.spent)
+            new_level = level > forward.depth
+            choice = choose(self.handoff_costs, new_level, d - bd.ready, next_sure, forward.spent,
+                            forward.sharers(b) if new_level else 1)
             if choice == RECOMPUTE:
                 forward.spent += (d - bd.ready) * self.handoff_costs.token
             if choice != "handoff":

@@ -266,6 +266,9 @@ class Scheduler:
         find, in_tree, blocked = groups.find, self.index.page_hashes, groups.by_key
         bs, interval = self.block_size, self.interval
         deferred, shortcut = 0, self.group_shortcut
+        forward = self._forward
+        if forward is not None:
+            forward.queue = waiting
         self._next_sure = self._next_round_sure(batch, rows)
         pos, n_waiting = -1, len(waiting)
         while pos + 1 < n_waiting:
@@ -314,6 +317,8 @@ class Scheduler:
                     deferred += j - pos - 1
                     pos = j - 1
                     continue
+            if forward is not None:
+                forward.pos = pos
             outcome, plan, reason = self._check(b, rows, tokens, claims=claims)
             if outcome is Outcome.READY:
                 self._select(b, plan, batch, now)
@@ -347,6 +352,8 @@ class Scheduler:
         batch.deferred += deferred
         self.blocked_total += deferred
         for pos, b in frag_deferred:  # split only what nothing else could fill
+            if forward is not None:
+                forward.pos = pos
             outcome, plan, reason = self._check(b, rows, tokens, allow_split=True, claims=claims)
             if outcome is not Outcome.READY:
                 break
