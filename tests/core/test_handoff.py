@@ -244,3 +244,25 @@ def test_full_attention_and_off_never_hand_off():
     for hybrid, handoff in ((False, "on"), (True, "off")):
         s = _drive(_fresh(branches), small_config(handoff=handoff), hybrid=hybrid)
         assert s.handoff_rows == 0 and all(r.levels == 1 for r in s.rounds)
+
+
+def test_chained_producers_take_ceil_d_over_l_rounds():
+    from radixflow.workloads.chained import chained_records
+    from radixflow.workloads.trace import branch_from_record
+
+    recs = chained_records(documents=2, questions=6, document_len=40, segment_len=16)
+    for mode, levels, rounds in (("off", 1, 6), ("on", 2, 3), ("on", 3, 2), ("on", 6, 1)):
+        branches = [branch_from_record(r) for r in recs]
+        s = _drive(branches, small_config(max_num_seqs=16, max_num_batched_tokens=1024, handoff=mode,
+                                          handoff_max_levels=levels))
+        assert len(s.rounds) == rounds == -(-s.max_level // levels), (mode, levels, len(s.rounds))
+        assert s.max_level == 6 and s.holds_nothing()
+
+
+def test_chained_records_refuse_bad_shapes():
+    import pytest
+
+    from radixflow.workloads.chained import chained_records
+
+    with pytest.raises(ValueError, match="must be >= 1"):
+        chained_records(questions=0)
