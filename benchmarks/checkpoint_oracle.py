@@ -10,11 +10,13 @@ or prompt-end, written this round by a producer already in the batch) is usable 
 the same round, exactly as SPEC §2 lets full-attention KV pages be: the consumer is never Blocked,
 it resumes at the deepest snapshot on its path, published or pending.
 
-THE ORACLE IS PHYSICALLY IMPOSSIBLE for recurrent layers: a GDN / Mamba-2 state at depth d is the
-output of the producer's scan up to d, so a consumer reading it in the same forward would need the
-producer's scan to finish first (a dependency inside one kernel launch), whereas a full-attention
-consumer only needs the producer's K/V for positions < d, which the same forward writes before
-attention reads it. It is a measurement of what the visibility rule costs, not a mode to build.
+The oracle asks for nothing impossible: a GDN / Mamba-2 state at depth d is the output of the
+producer's scan up to d, so a consumer reading it in the same forward needs the producer's scan to
+run first, per recurrent layer; projections, MLPs and attention stay single passes (a full-attention
+consumer only needs the producer's K/V below d, written before attention reads it). That is SPEC §15's
+in-forward hand-off, built (`--handoff on|auto`, docs/handoff.md, `benchmarks/handoff_figures.py`),
+where the extra recurrent level is charged by the cost model; this oracle charges nothing for it and
+allows any number of levels, so it stays the bound the real mode is measured against.
 
 The hook is the smallest one there is and lives here, not in product code: inside `same_round_state()`
 `Readiness.boundary` (where `Readiness.check` learns whether a branch is Ready or Blocked) answers a pending
