@@ -60,6 +60,7 @@ def _drive(branches, cfg, arm="radixflow", hybrid=True, per_round=None, costs=No
     s = Scheduler(cfg, get_arm(arm), hybrid, handoff_costs=costs)
     order = sorted(branches, key=lambda b: b.arrival)
     now, i = 0.0, 0
+    due: list[tuple[Branch, int]] = []  # admitted past D under the claim's (b) the round before: done by now
     for _ in range(10_000):
         if not (i < len(order) or s.has_unfinished):
             break
@@ -83,6 +84,14 @@ def _drive(branches, cfg, arm="radixflow", hybrid=True, per_round=None, costs=No
         now += res.host_time
         s.complete(batch, res, now)
         s.check_integrity()
+        # SPEC §12 with dependents placed past D: a (b) admission finishes by the end of round t+1, and
+        # what was admitted past D leaves D's rows free at t+1.
+        for b, preemptions in due:
+            assert b.is_finished or b.num_preemptions > preemptions, "a (b) admission outlived round t+1"
+        claims = s.claims
+        due = [(b, b.num_preemptions) for b in claims.passed_b] if claims is not None else []
+        if claims is not None and claims.reserved_rows:
+            assert len(s.running) + claims.reserved_deferred <= cfg.max_num_seqs, "a deferred branch lost its row"
         for b in (*s.running, *s.finished):
             if b.uid in firsts and b.misses is not None and b.num_fragments == 1:
                 assert b.cached_tokens == b.misses.ready_hit == firsts[b.uid], "a hand-off's ready hit is d"
