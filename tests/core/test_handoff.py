@@ -275,3 +275,38 @@ def test_chained_records_refuse_bad_shapes():
 
     with pytest.raises(ValueError, match="must be >= 1"):
         chained_records(questions=0)
+
+
+vllm_budgets = st.fixed_dictionaries({
+    "max_num_seqs": st.integers(1, 6),
+    "max_num_batched_tokens": st.sampled_from([16, 32, 64]),
+    "block_size": st.just(8),
+    "state_interval": st.just(8),
+    "snapshot_mode": st.just("vllm-align"),
+    "internal_checkpoint": st.booleans(),
+    "prefix_match_unit": st.sampled_from([0, 4]),
+    "checkpoints": st.sampled_from(["boundary", "branch"]),
+    "num_kv_pages": st.sampled_from([40, 4096]),
+    "num_state_slots": st.sampled_from([10, 512]),
+    "handoff": st.sampled_from(["on", "auto"]),
+    "handoff_max_levels": st.integers(2, 3),
+})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), vllm_budgets)
+def test_handoff_in_the_vllm_faithful_mode_is_sound(branches, budget):
+    costs = HandoffCosts(level=0.002, token=0.0001, round=0.02) if budget["handoff"] == "auto" else None
+    s = _drive(branches, small_config(**budget), costs=costs)
+    assert len(s.finished) == len(branches) and s.holds_nothing()
+
+
+def test_vllm_align_siblings_hand_off_at_the_producers_block():
+    branches = make_branches(1, doc_len=40, tail=3)
+    kw = dict(block_size=8, state_interval=8, snapshot_mode="vllm-align", handoff="on")
+    s, batch = _one_round(_fresh(branches), **kw)
+    # The first branch's chunk ends at its last block boundary (48), past the document: no state at 40.
+    # The second stops at the junction 40 (vLLM's shared-prefix stop) and writes it; the other two hand off.
+    assert [(f.start, f.end, f.after) for f in batch.fragments] == [(0, 48, None), (0, 40, None), (40, 43, 1),
+                                                                    (40, 47, 1)]
+    assert_dependents_sound(s, batch)
