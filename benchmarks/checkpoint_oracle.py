@@ -10,14 +10,16 @@ or prompt-end, written this round by a producer already in the batch) is usable 
 the same round, exactly as SPEC §2 lets full-attention KV pages be: the consumer is never Blocked,
 it resumes at the deepest snapshot on its path, published or pending.
 
-THE ORACLE IS PHYSICALLY IMPOSSIBLE for recurrent layers: a GDN / Mamba-2 state at depth d is the
-output of the producer's scan up to d, so a consumer reading it in the same forward would need the
-producer's scan to finish first (a dependency inside one kernel launch), whereas a full-attention
-consumer only needs the producer's K/V for positions < d, which the same forward writes before
-attention reads it. It is a measurement of what the visibility rule costs, not a mode to build.
+The oracle asks for nothing impossible: a GDN / Mamba-2 state at depth d is the output of the
+producer's scan up to d, so a consumer reading it in the same forward needs the producer's scan to
+run first, per recurrent layer; projections, MLPs and attention stay single passes (a full-attention
+consumer only needs the producer's K/V below d, written before attention reads it). That is SPEC §15's
+in-forward hand-off, built (`--handoff on|auto`, docs/handoff.md, `benchmarks/handoff_figures.py`),
+where the extra recurrent level is charged by the cost model; this oracle charges nothing for it and
+allows any number of levels, so it stays the bound the real mode is measured against.
 
 The hook is the smallest one there is and lives here, not in product code: inside `same_round_state()`
-`Scheduler._boundary` (where `_check` learns whether a branch is Ready or Blocked) answers a pending
+`Readiness.boundary` (where `Readiness.check` learns whether a branch is Ready or Blocked) answers a pending
 snapshot as the ready one. Nothing else changes: the producer still writes its snapshots in its own
 row, the consumer still locks and copies what it reads, `--check` runs `check_integrity()` after
 every round of every run.
@@ -43,13 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from checkpoint_wait import run  # noqa: E402
 from radixflow.cache.radix import Boundary  # noqa: E402
-from radixflow.core.scheduler import Scheduler  # noqa: E402
+from radixflow.core.readiness import Readiness  # noqa: E402
 
 
 @contextlib.contextmanager
 def same_round_state():
     """ORACLE (impossible for recurrent layers): a snapshot pending this round counts as published."""
-    original = Scheduler._boundary
+    original = Readiness.boundary
 
     def oracle_boundary(self, b, m):
         bd = original(self, b, m)
@@ -57,11 +59,11 @@ def same_round_state():
             return bd
         return Boundary(bd.blocking.depth, bd.blocking, None)  # the deepest snapshot, pending or not
 
-    Scheduler._boundary = oracle_boundary
+    Readiness.boundary = oracle_boundary
     try:
         yield
     finally:
-        Scheduler._boundary = original
+        Readiness.boundary = original
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from radixflow.cache.radix import chain_hashes
 from radixflow.core.batch import ExecResult, Sample
 from radixflow.core.lookup import BlockedGroups, common_pages
 from radixflow.core.policies import get_arm
+from radixflow.core.readiness import Readiness
 from radixflow.core.scheduler import Scheduler
 
 
@@ -49,13 +50,13 @@ def test_a_blocked_fan_costs_one_lookup_and_decides_as_lookups_would():
     s = _fan(200)
     full = copy.deepcopy(s)
     calls = {"match": 0}
-    real = Scheduler._match
+    real = Readiness.match
 
     def counting(self, b):
         calls["match"] += 1
         return real(self, b)
 
-    with mock.patch.object(Scheduler, "_match", counting):
+    with mock.patch.object(Readiness, "match", counting):
         batch = s.schedule(1.0)
     with mock.patch.object(BlockedGroups, "find", lambda self, b: None):
         batch_full = full.schedule(1.0)

@@ -32,8 +32,10 @@ class Fragment:
     copies_after: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV pages, after the forward
     # SPEC §15 hand-off: index in Batch.fragments of the producer row of the same forward whose state at
     # `start` this row starts from (producer.start < start <= producer.end; the producer comes first in the
-    # list). Pages below start // block_size are the producer's; a page that `start` cuts is this row's own
-    # and the engine forks the producer's rows [0, start % block_size) into it after the producer's K/V write.
+    # list). Pages below start // block_size are the producer's (or the tree's copy of the same tokens'
+    # K/V where the producer keeps a private duplicate: written in this forward or published before); a
+    # page that `start` cuts is this row's own and the engine forks the producer's rows
+    # [0, start % block_size) into it after the producer's K/V write.
     # `state_in` is None for a dependent.
     after: int | None = None
 

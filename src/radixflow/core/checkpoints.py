@@ -37,7 +37,7 @@ class SchedulerPools(Protocol):
     block_size: int
     exact_checkpoints: int
 
-    def _ensure(self, pages: int, slots: int) -> bool: ...
+    def ensure(self, pages: int, slots: int) -> bool: ...
 
 
 MAX_PER_ROW = 8  # a row is one forward; a handful of captures is cheap, hundreds would not be
@@ -113,7 +113,7 @@ def capture_exact(s: SchedulerPools, b: Branch, depth: int, start: int, now: flo
     if node is None:
         return None
     tail = tuple(b.tokens[node.depth : depth])
-    if s.index.find_tail(node, tail) is not None or not s._ensure(1, 1):
+    if s.index.find_tail(node, tail) is not None or not s.ensure(1, 1):
         return None
     slot, page = s.slots.allocate_one(), s.pages.allocate_one()
     snap = s.index.attach_tail(node, tail, slot, page, b.uid, now)

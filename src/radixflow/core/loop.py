@@ -39,7 +39,10 @@ def run_trace(scheduler: Scheduler, executor: Executor, branches: list[Branch],
             scheduler.add(order[i])
             i += 1
         deadline = scheduler.admit(now)
+        preempted = scheduler.preemptions
         batch = scheduler.schedule(now)
+        if not batch and scheduler.preemptions > preempted:
+            continue  # the call preempted every running branch and, as vLLM, started none: the next one will
         if not batch:
             nxt = [t for t in (order[i].arrival if i < len(order) else None, deadline) if t is not None]
             if not nxt:

@@ -57,6 +57,12 @@ class ArmMeasures:
     misses: dict = field(default_factory=dict)
     exact_checkpoints: int = 0
     capture_time: float = 0.0
+    # SPEC §15: dependent rows, rounds that had any, the most levels in one forward, the modelled (simulator)
+    # or measured (engine) time of the extra levels (part of host_time).
+    handoff_rows: int = 0
+    handoff_rounds: int = 0
+    max_levels: int = 1
+    handoff_time: float = 0.0
     # Per-request latencies, kept so that merged parts give pooled percentiles (not written to JSON).
     latencies: list[float] = field(default_factory=list, repr=False)
 
@@ -86,7 +92,7 @@ def measure(policy: str, run: RunResult) -> ArmMeasures:
     waits = [b.first_selected_at - b.arrival for b in branches if b.first_selected_at is not None]
     S, T = s.config.max_num_seqs, s.config.max_num_batched_tokens
     fixed = all(b.arrival == 0 for b in branches)
-    lb = max(math.ceil(tokens / T), math.ceil(frags / S), s.max_level) if fixed and k else None
+    lb = lower_bound(tokens, frags, s.max_level, S, T, levels_per_forward(s)) if fixed and k else None
     return ArmMeasures(
         policy=policy, rounds=k, fragments=frags, tokens=tokens,
         rows_per_round=frags / k if k else 0.0, tokens_per_round=tokens / k if k else 0.0,
@@ -98,7 +104,20 @@ def measure(policy: str, run: RunResult) -> ArmMeasures:
         requests=len(group_requests(branches)), branches=len(branches), prompt_tokens=prompt,
         cached_tokens=cached, makespan=run.makespan, lower_bound=lb, dependency_depth=s.max_level,
         max_num_seqs=S, max_num_batched_tokens=T, misses=total(branches).to_dict(),
-        exact_checkpoints=s.exact_checkpoints, capture_time=sum(r.capture_time for r in rounds), latencies=lat)
+        exact_checkpoints=s.exact_checkpoints, capture_time=sum(r.capture_time for r in rounds),
+        handoff_rows=sum(r.handoff_rows for r in rounds), handoff_rounds=sum(r.handoff_rows > 0 for r in rounds),
+        max_levels=max((r.levels for r in rounds), default=1), handoff_time=sum(r.handoff_time for r in rounds),
+        latencies=lat)
+
+
+def levels_per_forward(s) -> int:
+    """L: recurrent levels one forward may run (SPEC §15; 1 without hand-off)."""
+    return s.config.handoff_max_levels if getattr(s, "handoff", False) else 1
+
+
+def lower_bound(tokens: int, rows: int, depth: int, max_rows: int, max_tokens: int, levels: int = 1) -> int:
+    """SPEC §9 / §15: K >= max(⌈W/T⌉, ⌈V/S⌉, ⌈D/L⌉) for W tokens, V row visits, D dependency depth."""
+    return max(math.ceil(tokens / max_tokens), math.ceil(rows / max_rows), math.ceil(depth / levels))
 
 
 @dataclass
@@ -159,7 +178,9 @@ def merge(policy: str, parts: list[ArmMeasures]) -> ArmMeasures:
         dependency_depth=max(p.dependency_depth for p in parts), max_num_seqs=S,
         max_num_batched_tokens=parts[0].max_num_batched_tokens, misses=_sum_misses(parts),
         exact_checkpoints=sum(p.exact_checkpoints for p in parts),
-        capture_time=sum(p.capture_time for p in parts), latencies=lat)
+        capture_time=sum(p.capture_time for p in parts), handoff_rows=sum(p.handoff_rows for p in parts),
+        handoff_rounds=sum(p.handoff_rounds for p in parts), max_levels=max(p.max_levels for p in parts),
+        handoff_time=sum(p.handoff_time for p in parts), latencies=lat)
 
 
 def _sum_misses(parts: list[ArmMeasures]) -> dict:

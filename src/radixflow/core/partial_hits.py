@@ -60,7 +60,7 @@ def capture_partial(s: PartialPools, b: Branch, start: int, end: int, ckpt: int 
     # A branch that will fill the page registers it in the tree: the snapshot gets a copy instead.
     share = (b.prompt_len + b.max_new_tokens - 1) // s.block_size == depth // s.block_size
     stop = ckpt is None
-    if not s._ensure(int(not share), int(not stop)):
+    if not s.ensure(int(not share), int(not stop)):
         return None
     slot = tr.working if stop else s.slots.allocate_one()
     page = own if share else s.pages.allocate_one()

@@ -16,7 +16,8 @@ from radixflow.report import paper
 DIVERGENCE = 0.10  # |ours / paper - 1| above this is listed and needs a cause in docs/results.md
 PAPER_REQUESTS = paper.QUESTIONS * 6  # x 3 streams x 2 orders
 _ARM_FIELDS = {f.name for f in fields(ArmMeasures)} - {"latencies"}  # required on every JSON arm
-_OPTIONAL = {"misses", "exact_checkpoints", "capture_time"}  # SPEC §14 measures: absent from older results
+_OPTIONAL = {"misses", "exact_checkpoints", "capture_time",  # SPEC §14 measures: absent from older results
+             "handoff_rows", "handoff_rounds", "max_levels", "handoff_time"}  # SPEC §15
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """c(B): the host time of one worker call, from a model spec, a GPU and the batch's fragments.
 
 c(B) = host + layer_launch·L + row·|B| + max(dense compute, weight + KV + state traffic)
-       + attention + recurrent-state work
+       + attention + recurrent-state work + hand-off levels
 Dense compute counts the LM head once per row, not per token: vLLM computes logits only at each
 scheduled request's last position (`logits_indices = query_start_loc[1:] - 1` in its model runner).
 `terms(B)` gives the same sum term by term. The constants: see docs/simulator.md.
@@ -13,7 +13,28 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from radixflow.core.batch import Batch
-from radixflow.spec.model_spec import ModelSpec
+from radixflow.core.handoff import HandoffCosts, levels_of
+from radixflow.spec.model_spec import LINEAR, MAMBA, ModelSpec
+
+# In-forward hand-off (SPEC §15): an extra level runs every recurrent layer's prefill kernels once more, over
+# that level's rows; projections, MLPs, norms and attention stay single passes. Kernel launches per recurrent
+# layer per level, counted by reading vLLM 0.33's prefill paths:
+# - GDN (layers/mamba/gdn/qwen_gdn_linear_attn.py, the fla backend): causal_conv1d_fn, fused_post_conv_prep,
+#   then chunk_gated_delta_rule_fwd (third_party/flash_linear_attention/ops/chunk.py): chunk_local_cumsum,
+#   chunk_scaled_dot_kkt_fwd, solve_tril (one merge kernel at BT = 64), recompute_w_u_fwd,
+#   chunk_gated_delta_rule_fwd_h, chunk_fwd_o: 8 launches; plus prepare_chunk_indices for the level's own
+#   cu_seqlens (ops/index.py: a device-to-host `.tolist()` sync and a host-to-device copy), counted as 1.
+GDN_LEVEL_LAUNCHES = 9
+# - Mamba-2 (layers/mamba/mamba_mixer2.py, ops/ssd_combined.py: _mamba_chunk_scan_combined_fwd):
+#   causal_conv1d_fn, _chunk_cumsum_fwd, _chunk_state_fwd, _state_passing_fwd, _bmm_chunk_fwd,
+#   _chunk_scan_fwd: 6 launches; plus the level's chunk metadata (cu_chunk_seqlens, last_chunk_indices)
+#   built on the host and copied, counted as 1.
+MAMBA_LEVEL_LAUNCHES = 7
+# The time of one eager launch: CostConstants.layer_launch (1.1 ms per layer, fitted: docs/simulator.md)
+# spread over the kernels one Qwen3.5 GDN decoder layer launches in vLLM: input RMSNorm, in_proj_qkvz,
+# in_proj_ba, the 8 recurrent launches above, RMSNormGated, out_proj, post-attention RMSNorm, gate_up_proj,
+# SiluAndMul, down_proj = 17. So one launch ≈ 65 µs (Python-side Triton launches dominate in eager mode).
+KERNELS_PER_LAYER = 17
 
 # Page count for an attention-free model, whose pages hold no bytes and only index the prefix tree.
 BOOKKEEPING_PAGES = 1 << 20
@@ -64,6 +85,7 @@ class CallCost(NamedTuple):
     dense_or_traffic: float  # max(dense GEMMs, weight + KV + state bytes)
     attention: float
     recurrent: float
+    handoff: float = 0.0  # extra recurrent levels (SPEC §15)
 
     @property
     def total(self) -> float:
@@ -86,7 +108,7 @@ class CostModel:
         tokens = batch.num_tokens
         rows = batch.num_rows
         if rows == 0:
-            return CallCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            return CallCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         head = 2 * s.vocab_size * s.hidden_size  # LM-head FLOPs of one position
         dense = ((s.flops_per_token - head) * tokens + head * rows) / (g.bf16_flops * k.dense_efficiency)
         attn = 0.0
@@ -99,7 +121,29 @@ class CostModel:
             g.hbm_bandwidth * k.bandwidth_efficiency)
         attn_t = attn / (g.bf16_flops * k.attention_efficiency)
         rec_t = s.recurrent_flops(tokens) / (g.bf16_flops * k.recurrent_efficiency)
-        return CallCost(k.host, k.layer_launch * len(s.layers), k.row * rows, max(dense, traffic), attn_t, rec_t)
+        return CallCost(k.host, k.layer_launch * len(s.layers), k.row * rows, max(dense, traffic), attn_t, rec_t,
+                        self.handoff_time(batch))
+
+    def level_time(self) -> float:
+        """One extra recurrent level in one forward: its kernel launches in every recurrent layer."""
+        s = self.spec
+        launches = s.count(LINEAR) * GDN_LEVEL_LAUNCHES + s.count(MAMBA) * MAMBA_LEVEL_LAUNCHES
+        return launches * self.k.layer_launch / KERNELS_PER_LAYER
+
+    def handoff_time(self, batch: Batch) -> float:
+        """The extra levels of a batch with dependent rows (`Fragment.after`): (levels - 1) x level_time."""
+        if not any(f.after is not None for f in batch.fragments):
+            return 0.0
+        return max(levels_of(batch)) * self.level_time()
+
+    def handoff_costs(self) -> HandoffCosts:
+        """What `--handoff auto` weighs (core/handoff.py): an extra level; one prompt token's marginal
+        dense + recurrent compute (what recomputing a gap costs, LM head aside); a round's fixed part."""
+        s, g, k = self.spec, self.gpu, self.k
+        head = 2 * s.vocab_size * s.hidden_size
+        token = ((s.flops_per_token - head) / (g.bf16_flops * k.dense_efficiency)
+                 + s.recurrent_flops(1) / (g.bf16_flops * k.recurrent_efficiency))
+        return HandoffCosts(level=self.level_time(), token=token, round=k.host + k.layer_launch * len(s.layers))
 
     def capture_bytes(self, batch: Batch) -> int:
         """Bytes written by state captures (each `state_out` point) and page copies (read + write):

@@ -24,4 +24,5 @@ class SimExecutor:
                 # batch-invariant engine would.
                 key = f"{b.request_id}/{b.index}/{f.end}".encode()
                 samples[i] = Sample(zlib.crc32(key) % self.vocab_size)
-        return ExecResult(self.cost.call_time(batch), samples, self.cost.capture_time(batch))
+        return ExecResult(self.cost.call_time(batch), samples, self.cost.capture_time(batch),
+                          self.cost.handoff_time(batch))

@@ -60,7 +60,10 @@ def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
     runs = []
     for branches in workloads:
         cfg = setup.scheduler_config()
-        sched = Scheduler(cfg, arm, setup.spec.is_hybrid, reuse_costs(setup.spec, cfg.block_size))
+        cost = setup.cost_model(setup.spec, setup.gpu)
+        cost.block_size = cfg.block_size  # what a page copy moves
+        sched = Scheduler(cfg, arm, setup.spec.is_hybrid, reuse_costs(setup.spec, cfg.block_size),
+                          handoff_costs=cost.handoff_costs())
 
         def hook(s, batch):
             if setup.check:
@@ -68,8 +71,6 @@ def run_arm(setup: SimSetup, arm: Arm, workloads: list[list[Branch]],
             if setup.round_hook is not None:
                 setup.round_hook(s, batch)
 
-        cost = setup.cost_model(setup.spec, setup.gpu)
-        cost.block_size = cfg.block_size  # what a page copy moves
         res = run_trace(sched, SimExecutor(cost, setup.spec.vocab_size),
                         fresh_copies(branches), on_round=hook, progress=progress)
         parts.append(measure(arm.name, res))

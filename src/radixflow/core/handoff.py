@@ -1,0 +1,99 @@
+"""In-forward state hand-off (SPEC §15): a consumer that would be Blocked on a state its same-round
+producer computes runs in that forward as a dependent row, reading the producer's state at its depth.
+
+This module holds the round's producers (`Forward`: which row each branch is, at which level of the
+forward) and the `auto` rule (`choose`). The scheduler's readiness check decides where a hand-off is
+possible (core/readiness.py); the engine runs each recurrent layer level by level.
+
+A row's level: 0 when it reads only published state, its producer's level + 1 for a dependent;
+`--handoff-max-levels L` allows levels 0 .. L-1 in one forward (L = 1 is no hand-off: §9's bound's
+dependency term D becomes ⌈D / L⌉).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixflow.core.batch import Batch
+
+
+@dataclass(frozen=True)
+class HandoffCosts:
+    """What `--handoff auto` weighs, in seconds of host time (the simulator's cost model gives them,
+    `sim/cost_model.py: CostModel.handoff_costs`)."""
+
+    level: float  # one extra recurrent level in a forward (its kernel launches, every recurrent layer)
+    token: float  # one more prefill token in a row (what recomputing the gap costs per token)
+    round: float  # the fixed part of one more round (host + launches): what a wait costs when t+1 would not run
+
+
+HANDOFF, WAIT, RECOMPUTE = "handoff", "wait", "recompute"
+
+
+def choose(costs: HandoffCosts | None, new_level: bool, gap: int, next_sure: bool, spent: float = 0.0,
+           sharers: int = 1) -> str:
+    """`--handoff auto` for one consumer Blocked at depth d whose published state lies `gap` tokens below d:
+    - hand-off costs the extra level when this consumer opens it (`new_level`), nothing more when the
+      level already runs in this forward (its rows share the level's launches). The level is bought as
+      in ski rental: `spent` is what this round already paid recomputing gaps instead of opening it, so
+      the level costs `level - spent` more, and a round never pays more than one level's worth of
+      recomputation before it opens the level (at most twice the best choice made in hindsight);
+    - recompute costs the gap's tokens now, for each of the `sharers` consumers one level would serve
+      (this one and its request's siblings queued right behind it, which the scan meets next);
+    - wait costs the consumer one round: its latency when round t+1 runs anyway (`next_sure`), and
+      that round's host time as well when t+1 would not run without it.
+    The cheapest wins; ties go to hand-off, then recompute. Without costs, hand-off."""
+    if costs is None:
+        return HANDOFF
+    handoff = max(0.0, costs.level - spent) if new_level else 0.0
+    recompute = gap * costs.token * (sharers if new_level else 1)
+    wait = costs.round if next_sure else 2 * costs.round
+    best = min(handoff, recompute, wait)
+    if handoff <= best:
+        return HANDOFF
+    return RECOMPUTE if recompute <= best else WAIT
+
+
+class Forward:
+    """Round t's rows as producers: the row of each branch placed so far and its level."""
+
+    __slots__ = ("batch", "rows", "levels", "depth", "dependents", "spent", "queue", "pos")
+
+    MAX_SHARERS = 64  # siblings looked at behind a consumer
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        self.rows: dict[int, int] = {}  # branch uid -> index in batch.fragments
+        self.levels: list[int] = []  # level of each row
+        self.depth = 0  # deepest level so far (levels in this forward = depth + 1)
+        self.dependents = 0  # rows handed off
+        self.spent = 0.0  # `auto`: seconds of gaps recomputed this round instead of opening a level
+        self.queue: list = []  # the waiting queue being scanned, and the scan's position in it
+        self.pos = 0
+
+    def placed(self, uid: int, level: int = 0) -> None:
+        """The row just appended to the batch belongs to branch `uid`, at `level`."""
+        self.rows[uid] = len(self.levels)
+        self.levels.append(level)
+        if level:
+            self.dependents += 1
+            if level > self.depth:
+                self.depth = level
+
+
+    def sharers(self, b) -> int:
+        """`b` and its request's branches queued right behind it (they wait on the same producer)."""
+        q, rid, ns = self.queue, b.request_id, b.namespace
+        n, j, end = 1, self.pos + 1, min(len(self.queue), self.pos + 1 + self.MAX_SHARERS)
+        while j < end and q[j].request_id == rid and q[j].namespace == ns:
+            n += 1
+            j += 1
+        return n
+
+
+def levels_of(batch: Batch) -> list[int]:
+    """Each row's level, from `Fragment.after` (producers come first)."""
+    out: list[int] = []
+    for f in batch.fragments:
+        out.append(0 if f.after is None else out[f.after] + 1)
+    return out
