@@ -239,7 +239,8 @@ class EngineLoop:
 
     def _after_round(self, batch, finished: list[LogicalRequest], blocked: int) -> None:
         rec = self.engine.scheduler.rounds[-1]
-        self.metrics.observe_round(batch.num_rows, batch.num_tokens, rec.host_time, blocked)
+        self.metrics.observe_round(batch.num_rows, batch.num_tokens, rec.host_time, blocked, rec.handoff_rows,
+                                   rec.levels, rec.handoff_time)
         now = time.monotonic()
         for rid in {f.branch.request_id for f in batch.fragments}:
             sub = self._live.get(rid)

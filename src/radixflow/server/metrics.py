@@ -86,6 +86,13 @@ class ServerMetrics:
         self.identity_hit_tokens = self._counter("identity_hit_tokens", "ĥ: prompt tokens the index matched")
         self.blocked_wait = self._counter("blocked_wait_rounds", "rounds branches waited on a same-round "
                                           "producer before they started")
+        # SPEC §15: in-forward hand-off.
+        self.handoff_rows = self._counter("handoff_rows", "rows run as dependents of a same-forward producer "
+                                          "(--handoff)")
+        self.round_levels = self._histogram("round_levels", "recurrent levels per round (1: no dependent rows)",
+                                            _pow2_buckets(16))
+        self.handoff_seconds = self._counter("handoff_seconds", "host time spent in extra recurrent levels "
+                                             "(measured by the engine)")
         self._prompt = 0
         self._cached = 0
 
@@ -104,13 +111,19 @@ class ServerMetrics:
         return self._labelled(Histogram, name, doc, labels, buckets=buckets)
 
     # ------------------------------------------------------------------ observing
-    def observe_round(self, rows: int, tokens: int, host_time: float, blocked: int) -> None:
+    def observe_round(self, rows: int, tokens: int, host_time: float, blocked: int, handoff_rows: int = 0,
+                      levels: int = 1, handoff_time: float = 0.0) -> None:
         self.rounds.inc()
         self.round_rows.observe(rows)
         self.round_tokens.observe(tokens)
         self.round_seconds.observe(host_time)
+        self.round_levels.observe(levels)
         if blocked:
             self.blocked.inc(blocked)
+        if handoff_rows:
+            self.handoff_rows.inc(handoff_rows)
+        if handoff_time:
+            self.handoff_seconds.inc(handoff_time)
 
     def observe_branch(self, prompt: int, cached: int, generated: int, ttft: float | None,
                        first_selection: float | None) -> None:
