@@ -13,7 +13,7 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-def _bench(tmp_path, model, policy):
+def _bench(tmp_path, model, policy, *extra):
     # --state-interval 16 (= one page): every shared prefix holds a boundary, so a sibling is Blocked
     # on its producer under both rules. With a coarser interval, a document shorter than the interval
     # has no boundary, siblings may start cold in the producer's round, and only a sibling scanned
@@ -22,7 +22,7 @@ def _bench(tmp_path, model, policy):
     assert main(["bench", "--model", model, "--policy", policy, "--questions", "16", "--article-scale", "0.04",
                  "--stream", "cold", "--order", "forward", "--rate", "200", "--max-num-batched-tokens", "2048",
                  "--kv-cache-memory", "64MiB", "--max-model-len", "1024", "--state-interval", "16",
-                 "--json", str(out)]) == 0
+                 "--json", str(out), *extra]) == 0
     return {a["policy"]: a for a in json.loads(out.read_text())["arms"]}
 
 
@@ -43,3 +43,23 @@ def test_full_attention_traversal_changes_nothing_beyond_admission(tmp_path):
     assert a["blocked_deferrals"] == b["blocked_deferrals"] == 0
     assert (a["rounds"], a["fragments"], a["tokens"]) == (b["rounds"], b["fragments"], b["tokens"])
     assert b["first_token_agreement"] == 100.0
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-nemotron-h"])
+def test_bench_compares_handoff_modes_on_one_trace(tmp_path, model):
+    """--handoff-compare off,auto: the siblings Blocked under off run as dependent rows under auto, in no
+    more rounds, with the same reuse and first tokens, and the extra levels' time measured."""
+    arms = _bench(tmp_path, model, "radixflow", "--handoff-compare", "off,auto")
+    off, auto = arms["radixflow handoff=off"], arms["radixflow handoff=auto"]
+    assert off["handoff_rows"] == 0 and off["blocked_deferrals"] > 0
+    assert auto["handoff_rows"] > 0 and auto["max_levels"] == 2 and 0 < auto["handoff_time"] < auto["host_time"]
+    assert auto["rounds"] <= off["rounds"]
+    assert auto["reuse_rate"] == pytest.approx(off["reuse_rate"], abs=0.03)
+    assert auto["first_token_agreement"] == 100.0
+
+
+def test_bench_handoff_compare_refuses_bad_modes_and_handoff_beside_it(tmp_path, capsys):
+    assert main(["bench", "--handoff-compare", "off,sometimes"]) == 2
+    assert "argument --handoff-compare: unknown mode(s) sometimes" in capsys.readouterr().err
+    assert main(["bench", "--handoff-compare", "off,on", "--handoff", "on"]) == 2
+    assert "--handoff on" in capsys.readouterr().err

@@ -39,10 +39,32 @@ def add_arguments(p) -> None:
               help="CPU threads for torch (1 is steadier on a shared 2-core machine; 0 = torch's default)")
     add_workload_flags(p, default_rate=40.0)
     add_scheduler_flags(p)
+    p.add_argument("--handoff-compare", type=_handoff_modes, default=None, metavar="MODES",
+                   help="comma list of --handoff modes (off,on,auto): run every arm under each on the same trace "
+                        "and compare first tokens with the first run (instead of --handoff)")
     # A state boundary at every page (vLLM align mode keeps one per block): every shared prefix then
     # holds a boundary, so reuse does not depend on round timing (see docs/simulator.md).
     p.set_defaults(questions=48, article_scale=0.1, state_interval=16, stream="all", order="forward")
     flags.remember_defaults(p)
+
+
+def _handoff_modes(text: str) -> tuple[str, ...]:
+    import argparse
+
+    from radixflow.config import HANDOFF_MODES
+
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in modes if m not in HANDOFF_MODES]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(f"unknown mode(s) {', '.join(bad) or repr(text)}; choose from "
+                                         f"{', '.join(HANDOFF_MODES)}")
+    return modes
+
+
+def _runs(args, handoff: str) -> list[tuple[str, str]]:
+    """(arm, handoff mode) of each run, arms outermost; one mode unless --handoff-compare."""
+    modes = args.handoff_compare or (handoff,)
+    return [(arm.name, mode) for arm in policies(args) for mode in modes]
 
 
 def plan(args) -> Plan:
@@ -50,6 +72,8 @@ def plan(args) -> Plan:
     from radixflow.engine.engine import EngineConfig
 
     check_workload(args)
+    if args.handoff_compare:
+        flags.refuse(args, ["handoff"], "give the modes to compare in --handoff-compare alone")
     cfg = scheduler_config(args, args.model, default_budget=(16, 2048))
     engine = EngineConfig(model=args.model, policy=policies(args)[0].name, device=args.device,
                           dtype=args.dtype, scheduler=cfg, kv_cache_memory=args.kv_cache_memory,
@@ -58,6 +82,8 @@ def plan(args) -> Plan:
                     torch_threads=args.torch_threads or None, kv_cache_memory=args.kv_cache_memory,
                     max_model_len=args.max_model_len, policies=[a.name for a in policies(args)],
                     workload=args.workload, seed=args.seed)
+    if args.handoff_compare:
+        meta["handoff_compare"] = list(args.handoff_compare)
     if args.workload == "multi-candidate":
         meta.update(stream=args.stream, order=args.order, questions=args.questions, rate=args.rate,
                     branch_gap=args.branch_gap, article_scale=args.article_scale, dataset_path=args.dataset_path)
@@ -77,7 +103,7 @@ def run(args) -> int:
         torch.set_num_threads(args.torch_threads)
     if base.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {base.device} asked for, but torch sees no CUDA device")
-    arms = policies(args)
+    runs = _runs(args, cfg.handoff)
     loaded = load_model(resolve_model(args.model), torch.device(base.device), _dtype(base.dtype))
     vocab = loaded.model.vocab_size
     workloads = build_workloads(args, args.model, vocab=min(vocab, 32000))
@@ -90,20 +116,21 @@ def run(args) -> int:
     firsts: list[dict] = []
     used = None
     t0 = time.perf_counter()
-    total = sum(len(w) for _, w in workloads) * len(arms)
+    total = sum(len(w) for _, w in workloads) * len(runs)
     with Progress() as bar:
         task = bar.add_task(f"bench {args.model}", total=total)
-        for arm in arms:
+        for arm, mode in runs:
+            label = f"{arm} handoff={mode}" if args.handoff_compare else arm
             parts = []
             first: dict = {}
             for _, brs in workloads:
-                eng = Engine(replace(base, policy=arm.name), loaded=loaded)
+                eng = Engine(replace(base, policy=arm, scheduler=replace(cfg, handoff=mode)), loaded=loaded)
                 used = eng.scheduler_config
                 copies = fresh_copies(brs)
                 res = run_trace(eng.scheduler, eng.executor, copies, progress=lambda n: bar.advance(task, n))
-                parts.append(measure(arm.name, res))
+                parts.append(measure(label, res))
                 first.update({b.key: b.output[0] for b in copies if b.output})
-            results.append(merge(arm.name, parts))
+            results.append(merge(label, parts))
             firsts.append(first)
     wall = time.perf_counter() - t0
     print_arms(results, f"{args.model} on {args.device} — S={cfg.max_num_seqs}, T={cfg.max_num_batched_tokens}, "
@@ -115,7 +142,14 @@ def run(args) -> int:
         if arm is not results[0]:
             print(f"first-token agreement {arm.policy} vs {results[0].policy}: {agreement[-1]:.2f}% "
                   f"({same}/{len(first)})")
-    print(f"benchmarked {len(arms)} arm(s) in {wall:.1f} s")
+    for r in results:
+        if r.handoff_rows:
+            print(f"hand-off {r.policy}: {r.handoff_rows} dependent rows in {r.handoff_rounds} of {r.rounds} rounds, "
+                  f"up to {r.max_levels} levels; extra levels {r.handoff_time:.3f} s = "
+                  f"{100 * r.handoff_time / max(r.host_time, 1e-12):.1f} % of T_host, "
+                  f"{1000 * r.handoff_time / max(1, r.handoff_rounds):.1f} ms per hand-off round "
+                  f"({100 * r.handoff_time / max(1, r.handoff_rounds) / max(r.cost_per_round, 1e-12):.1f} % of c̄)")
+    print(f"benchmarked {len(runs)} run(s) in {wall:.1f} s")
     if args.json_path:
         # the pools the engine sized (from --kv-cache-memory) and the threads and dtype it ran with
         weights: dict[str, int] = {}
