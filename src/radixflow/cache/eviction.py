@@ -268,10 +268,10 @@ class RoundRobinTail:
             for key, leaf in self._ring(view, self._page_cursor):
                 if not view.is_leaf(leaf) or not view.evictable(leaf):
                     continue
+                self._page_cursor = key  # before the cut: a driver may stop the walk inside it
                 got = 0
                 for victim in self._cut_steps(view, leaf):
                     got += yield victim
-                self._page_cursor = key
                 progressed |= got > 0
                 freed += got
                 if freed >= need:
