@@ -4,8 +4,9 @@ benchmarks/sglang_eviction.py; imports SGLang's test kit, so only where SGLang i
 `SGLangTwin` drives SGLang's cache as its scheduler does for one request: `match_prefix` (the hit),
 `inc_lock_ref` on the matched node while the request runs, KV allocated for the rest (evicting with
 `cache.evict` when the allocator is short), then `insert` of the whole sequence (`prev_prefix_len` =
-the hit, so SGLang frees the slots it already held) and the lock released. `IndexTwin` does the same with `RadixIndex` (match, lock, allocate with
-`evict_pages`, insert, publish, unlock, a snapshot at the end on hybrid trees). Both count what the
+the hit, so SGLang frees the slots it already held) and the lock released. `IndexTwin` does the same
+with `RadixIndex` (match, lock, allocate with `evict_pages`, insert, publish, unlock, a snapshot at the
+end on hybrid trees). Both count what the
 cache gave each request, so the decisions of two policies can be compared call by call.
 """
 
@@ -73,7 +74,8 @@ class SGLangTwin:
 
     def kept(self, tokens) -> int:
         """Tokens of `tokens` the cache would give a request now (a match: it refreshes, as a hit does)."""
-        return self.cache.tree_core.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens)))).device_prefix_len
+        key = RadixKey(array("q", tokens))
+        return self.cache.tree_core.match_prefix(MatchPrefixParams(key=key)).device_prefix_len
 
     def evict(self, n: int) -> int:
         t0 = time.perf_counter()
@@ -93,7 +95,8 @@ class SGLangTwin:
         fresh = self.alloc.alloc(need)
         if fresh is None:
             raise RuntimeError(f"SGLang cache ({self.backend}) cannot hold a {need}-token request")
-        return {"hit": hit, "node": m.last_device_node, "lock": lock, "prefix": self.cache.path_device_indices(m.last_device_node)[:hit],
+        prefix = self.cache.path_device_indices(m.last_device_node)[:hit]
+        return {"hit": hit, "node": m.last_device_node, "lock": lock, "prefix": prefix,
                 "fresh": fresh, "req": self._req() if self.mamba else None}
 
     def finish(self, state, tokens) -> None:
@@ -101,7 +104,8 @@ class SGLangTwin:
         n = len(tokens) // self.page_size * self.page_size
         value = torch.cat([state["prefix"].to(torch.int64), state["fresh"].to(torch.int64)])
         # prev_prefix_len: the slots below it are the tree's own; SGLang frees our duplicates above it.
-        params = InsertParams(key=RadixKey(array("q", tokens[:n])), value=value[:n], prev_prefix_len=state["hit"])
+        params = InsertParams(key=RadixKey(array("q", tokens[:n])), value=value[:n],
+                              prev_prefix_len=state["hit"])
         if state["req"] is not None:
             params.mamba_value = state["req"].kv.mamba_pool_idx.unsqueeze(0)
         self.cache.insert(params)
