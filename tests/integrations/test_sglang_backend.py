@@ -9,12 +9,11 @@ from array import array
 from unittest import mock
 
 import pytest
-
 from sglang_factories import load_twins, replay
 
 twins = load_twins()
 
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent  # noqa: E402
 
@@ -113,7 +112,7 @@ def test_swa_tree_keeps_integrity_and_matchable_prefixes(backend):
     and the ledger hold after every request, and a kept prefix still matches as a prefix."""
     sg = twins.SGLangTwin(backend, 128, 1, (FULL, SWA), sliding_window=4)
     ours = twins.IndexTwin("rr-tail", 128, 1)  # only to reuse the trace driver
-    for _, hits, (k_sg, _) in replay((sg, ours), 3, 1, check=lambda t: t.check()):
+    for _, _hits, (k_sg, _) in replay((sg, ours), 3, 1, check=lambda t: t.check()):
         assert all(k == 0 or k >= 4 for k in k_sg)  # a kept prefix holds at least its SWA window
     assert sg.evict_calls
 
