@@ -38,14 +38,16 @@ SGLANG_POLICIES = ("lru", "tlru")  # SGLang's own, by --radix-eviction-policy na
 
 
 def sglang_cache(backend: str, capacity: int, page_size: int = 1, components=(FULL,), max_reqs: int = 64,
-                 mamba_slots: int = 256, sliding_window: int | None = None):
+                 mamba_slots: int = 256, sliding_window: int | None = None, small_kv: bool = False):
     """(cache, allocator, req pool): SGLang's cache from its test kit, FULL eviction by `backend`
     (a radixflow backend name, or one of SGLang's policies `lru`, `tlru`)."""
     policy = backend if backend in SGLANG_POLICIES else "lru"
     cfg = CacheConfig(page_size=page_size, components=tuple(components), kv_size=capacity,
                       max_num_reqs=max_reqs, max_context_len=capacity, mamba_cache_size=mamba_slots,
                       sliding_window_size=sliding_window, eviction_policy=policy,
-                      enable_mamba_extra_buffer=page_size > 1 and MAMBA in components)
+                      enable_mamba_extra_buffer=page_size > 1 and MAMBA in components,
+                      **({"num_layers": 2, "full_attention_layer_ids": (1,), "head_num": 1, "head_dim": 8}
+                         if small_kv else {}))  # small_kv: a large pool of tiny KV rows (benchmarks)
     override = None
     if backend not in SGLANG_POLICIES:
         if backend not in BACKENDS:
