@@ -353,8 +353,11 @@ class LevelTail(RoundRobinTail):
             leaves = view.leaves()
             if not leaves:
                 break
+            deepest = max(view.depth(n) for n in leaves)  # then the largest trajectory key among those
+            tied = [n for n in leaves if view.depth(n) == deepest]
+            pick = tied[0] if len(tied) == 1 else max(tied, key=view.trajectory_key)
             got = 0
-            for victim in self._cut_steps(view, max(leaves, key=lambda n: (view.depth(n), view.trajectory_key(n)))):
+            for victim in self._cut_steps(view, pick):
                 got += yield victim
             if not got:
                 break

@@ -90,7 +90,7 @@ class SGLangTwin:
         m = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", prompt))))
         hit = m.device_prefix_len
         lock = self.cache.inc_lock_ref(m.last_device_node)
-        need = len(prompt) - hit + new_tokens
+        need = -(-(len(prompt) - hit + new_tokens) // self.page_size) * self.page_size  # whole pages, as ours
         short = need - self.alloc.available_size()
         if short > 0:
             self.evict(short)
