@@ -50,22 +50,27 @@ def make_policy(kind: str, page_size: int):
 
 class SGLangTreeView:
     """`cache/eviction.TreeView` over SGLang's `UnifiedTreeCore` (Python core). Built per eviction
-    walk: depths are memoised for the walk (a node's end depth never changes; a split keeps it)."""
+    walk. Depths are memoised by node id (`depths`, kept by the component across walks): a node's end
+    depth never changes while it lives (a split keeps it; ids are never reused)."""
 
     tails_empty: list = []
 
-    def __init__(self, component: FullComponent) -> None:
+    def __init__(self, component: FullComponent, ordered: bool = True, depths: dict | None = None) -> None:
         self.component = component
+        self.ordered = ordered
         self.core = component.tree_core
         self.unit = self.core.page_size
         self.hybrid = MAMBA in self.core.components_by_type
-        self._depth: dict[int, int] = {}
+        self._depth: dict[int, int] = {} if depths is None else depths
 
     # --------------------------------------------------------------- structure
     def leaves(self) -> list:
-        # evictable_device_leaves: unlocked, FULL on device, no device child. Sorted by node id
-        # (creation order) so every process walks them in the same order (a set's order is not).
-        return sorted(self.core.evictable_device_leaves, key=lambda n: n.id)
+        # evictable_device_leaves: unlocked, FULL on device, no device child. A set: its order differs
+        # between processes, so a walk whose ties follow this order (flop-aware) gets them by node id
+        # (creation order); the tail walks sort or pick by trajectory key and need no order here.
+        if self.ordered:
+            return sorted(self.core.evictable_device_leaves, key=lambda n: n.id)
+        return list(self.core.evictable_device_leaves)
 
     def is_leaf(self, node) -> bool:
         return node.parent is not None and not node.children and node.id in self.core._node_arena
@@ -73,7 +78,10 @@ class SGLangTreeView:
     def evictable(self, node) -> bool:
         if node is self.core.root_node or node.component_data[FULL].value is None:
             return False
-        return not any(cd.lock_ref > 0 for cd in node.component_data)
+        for cd in node.component_data:  # a loop, not any(): this runs for every leaf of every walk
+            if cd.lock_ref > 0:
+                return False
+        return True
 
     @staticmethod
     def has_children(node) -> bool:
@@ -122,11 +130,14 @@ class SGLangTreeView:
 
     def trajectory_key(self, leaf) -> tuple:
         """Where the leaf's unshared chain starts (as `cache/eviction._trajectory_key`)."""
-        node = leaf
-        while node.parent is not self.core.root_node and len(node.parent.children) == 1:
-            node = node.parent
-        extra = node.key.extra_key
-        return ("" if extra is None else str(extra), self.start(node), tuple(node.key.token_ids[:8]))
+        root = self.core.root_node
+        node, up = leaf, leaf.parent
+        while up is not root and len(up.children) == 1:
+            node, up = up, up.parent
+        key = node.key
+        extra = key.extra_key
+        return ("" if extra is None else str(extra), self.depth(up) if up is not root else 0,
+                tuple(key.token_ids[:8]))
 
     def split(self, node, depth: int) -> None:
         keep_above = depth - self.start(node)
@@ -152,6 +163,7 @@ class RadixflowFullComponent(FullComponent):
         self.policy = make_policy(self.policy_kind, params.page_size)
         self._walk = None
         self._mark = 0
+        self._depths: dict[int, int] = {}
         self.victims = 0  # leaves handed to the cache (tests read it)
 
     def _evict_device_start(self, request_cnt: int) -> None:
@@ -167,7 +179,10 @@ class RadixflowFullComponent(FullComponent):
                 need = self._request - done
                 if need <= 0:
                     return None
-                self._walk = self.policy.page_walk(SGLangTreeView(self), need)
+                if len(self._depths) > 4 * len(self.tree_core._node_arena) + 64:
+                    self._depths.clear()  # nodes SGLang deleted on its own paths
+                view = SGLangTreeView(self, ordered=self.policy_kind == "flop-aware", depths=self._depths)
+                self._walk = self.policy.page_walk(view, need)
                 victim = next(self._walk)
             elif self._walk is None:
                 return None
@@ -178,6 +193,7 @@ class RadixflowFullComponent(FullComponent):
             return None
         self._mark = done
         self.victims += 1
+        self._depths.pop(victim.id, None)  # the cache deletes it now
         return victim.id
 
     def _evict_device_end(self) -> None:
