@@ -55,9 +55,8 @@ class SGLangTreeView:
 
     tails_empty: list = []
 
-    def __init__(self, component: FullComponent, ordered: bool = True, depths: dict | None = None) -> None:
+    def __init__(self, component: FullComponent, depths: dict | None = None) -> None:
         self.component = component
-        self.ordered = ordered
         self.core = component.tree_core
         self.unit = self.core.page_size
         self.hybrid = MAMBA in self.core.components_by_type
@@ -65,12 +64,11 @@ class SGLangTreeView:
 
     # --------------------------------------------------------------- structure
     def leaves(self) -> list:
-        # evictable_device_leaves: unlocked, FULL on device, no device child. A set: its order differs
-        # between processes, so a walk whose ties follow this order (flop-aware) gets them by node id
-        # (creation order); the tail walks sort or pick by trajectory key and need no order here.
-        if self.ordered:
-            return sorted(self.core.evictable_device_leaves, key=lambda n: n.id)
-        return list(self.core.evictable_device_leaves)
+        # evictable_device_leaves: unlocked, FULL on device, no device child. A set, whose order differs
+        # between processes; ties (flop-aware scores; equal trajectory keys, as when histories start
+        # inside the same page of a shared prompt) follow the leaves' order, so give it: node id, the
+        # order our index's leaf dict has on these traces.
+        return sorted(self.core.evictable_device_leaves, key=lambda n: n.id)
 
     def is_leaf(self, node) -> bool:
         return node.parent is not None and not node.children and node.id in self.core._node_arena
@@ -181,7 +179,7 @@ class RadixflowFullComponent(FullComponent):
                     return None
                 if len(self._depths) > 4 * len(self.tree_core._node_arena) + 64:
                     self._depths.clear()  # nodes SGLang deleted on its own paths
-                view = SGLangTreeView(self, ordered=self.policy_kind == "flop-aware", depths=self._depths)
+                view = SGLangTreeView(self, depths=self._depths)
                 self._walk = self.policy.page_walk(view, need)
                 victim = next(self._walk)
             elif self._walk is None:
