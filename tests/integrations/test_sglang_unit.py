@@ -123,3 +123,42 @@ def test_insert_of_a_held_prefix_keeps_one_copy():
     assert sg.alloc.available_size() == free
     sg.check()
     assert sg.evict(10**6) == 20 and EvictParams is not None
+
+
+def _ctx(**kw):
+    """A TreeCacheBuildContext for a small FULL cache (params from SGLang's test kit)."""
+    import dataclasses
+
+    from sglang.srt.mem_cache.registry import TreeCacheBuildContext
+    from sglang.srt.server_args import ServerArgs
+
+    base = twins.SGLangTwin("lru", 128, 1).cache.cache_init_params
+    params = dataclasses.replace(base, component_registry_override=None, tree_core_backend=None,
+                                 enable_session_radix_cache=kw.pop("session", False))
+    args = ServerArgs(model_path="dummy", page_size=1,
+                      enable_int8_mamba_checkpoint=kw.pop("int8", False))
+    fields = dict(server_args=args, params=params, is_hybrid_swa=False, is_hybrid_ssm=False,
+                  enable_hierarchical_cache=False, disable_radix_cache=False, tp_worker=None,
+                  model_config=None, tp_size=1, tp_rank=0, tp_group=None)
+    fields.update(kw)
+    return TreeCacheBuildContext(**fields)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_registered_factory_builds_sglang_cache_with_our_component(backend):
+    from radixflow.integrations.sglang.backend import RadixflowFullComponent
+
+    load_plugins()
+    cache = get_radix_cache_factory(backend)(_ctx())
+    assert type(cache).__name__ == "UnifiedRadixCache"
+    assert isinstance(cache.components[FULL], RadixflowFullComponent)
+    assert cache.components[FULL].policy_kind == backend.removeprefix("radixflow-")
+    assert cache._tree_core_backend == "python"
+
+
+@pytest.mark.parametrize("kw,word", [({"enable_hierarchical_cache": True}, "HiCache"),
+                                     ({"int8": True}, "int8"), ({"session": True}, "session")])
+def test_the_factory_refuses_what_it_cannot_honour(kw, word):
+    load_plugins()
+    with pytest.raises(ValueError, match=word):
+        get_radix_cache_factory("radixflow-rr-tail")(_ctx(**kw))
