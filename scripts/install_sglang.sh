@@ -33,7 +33,12 @@ fi
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 printf 'torch==%s\ntransformers==5.23.0\n' "$TORCH_VERSION" > "$constraints"
-quiet() { "$@" 2>&1 | grep -v -e "^WARNING: Location" -e "requires" -e "dependency resolver" -e "incompatible" || true; }
+# pip's output without the lines that only say SGLang's declared requirements are unmet; its status kept.
+quiet() {
+  local out
+  out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }
+  echo "$out" | grep -v -e "^WARNING: Location" -e "requires" -e "dependency resolver" -e "incompatible" || true
+}
 quiet "$VENV/bin/python" -m pip install -q -c "$constraints" "torch==$TORCH_VERSION"
 quiet "$VENV/bin/python" -m pip install -q --no-deps "sglang==$SGLANG_VERSION"
 quiet "$VENV/bin/python" -m pip install -q -c "$constraints" "${REQUIREMENTS[@]}"
