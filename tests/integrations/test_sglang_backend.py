@@ -28,7 +28,8 @@ def _chunk(monkeypatch):
     monkeypatch.setenv("RADIXFLOW_SGLANG_CHUNK_TOKENS", str(CHUNK))
 
 
-TREES = [pytest.param((FULL,), 4, id="full-ps4"), pytest.param((FULL, MAMBA), 1, id="mamba-ps1")]
+TREES = [pytest.param((FULL,), 4, id="full-ps4"), pytest.param((FULL, MAMBA), 1, id="mamba-ps1"),
+         pytest.param((FULL, MAMBA), 4, id="mamba-ps4-extra-buffer")]
 POLICIES = [("radixflow-rr-tail", "rr-tail"), ("radixflow-level-tail", "level-tail")]
 
 
