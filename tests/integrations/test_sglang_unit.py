@@ -162,3 +162,21 @@ def test_the_factory_refuses_what_it_cannot_honour(kw, word):
     load_plugins()
     with pytest.raises(ValueError, match=word):
         get_radix_cache_factory("radixflow-rr-tail")(_ctx(**kw))
+
+
+def test_on_another_sglang_version_selecting_a_backend_fails_in_one_line(monkeypatch):
+    from importlib import metadata
+    from unittest import mock
+
+    from sglang.srt.mem_cache import registry
+
+    from radixflow.integrations import sglang as rf_sglang
+    from radixflow.integrations.sglang import compat
+
+    real = metadata.version
+    monkeypatch.setattr(compat.metadata, "version", lambda n: "0.5.24" if n == "sglang" else real(n))
+    with mock.patch.dict(registry._RADIX_CACHE_REGISTRY, clear=True):
+        assert rf_sglang.register() == list(rf_sglang.BACKENDS)
+        with pytest.raises(compat.UnsupportedSglangError) as e:
+            registry.get_radix_cache_factory("radixflow-level-tail")(None)
+    assert "\n" not in str(e.value) and "SGLang 0.5.23 only" in str(e.value) and "0.5.24" in str(e.value)

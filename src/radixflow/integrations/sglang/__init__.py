@@ -22,10 +22,12 @@ from radixflow.integrations.sglang.compat import (
     require_supported_sglang,
 )
 
-__all__ = ["BACKEND_NAMES", "SUPPORTED_SGLANG_VERSION", "UnsupportedSglangError", "build_cache",
+__all__ = ["BACKENDS", "BACKEND_NAMES", "SUPPORTED_SGLANG_VERSION", "UnsupportedSglangError", "build_cache",
            "installed_sglang_version", "register", "require_supported_sglang"]
 
-BACKEND_NAMES = ("radixflow-rr-tail", "radixflow-level-tail", "radixflow-flop-aware")
+BACKENDS = {"radixflow-rr-tail": "rr-tail", "radixflow-level-tail": "level-tail",
+            "radixflow-flop-aware": "flop-aware"}  # --radix-cache-backend name -> cache/eviction.py policy
+BACKEND_NAMES = tuple(BACKENDS)
 
 
 def _check(ctx) -> None:
@@ -77,15 +79,37 @@ def _factory(kind: str):
     return factory
 
 
+def _refuse(error: Exception):
+    def factory(ctx):
+        raise error
+
+    factory.__name__ = "radixflow_unsupported_sglang_factory"
+    return factory
+
+
 def register() -> list[str]:
-    """The `sglang.srt.plugins` entry point: registers the three backends (idempotent)."""
-    require_supported_sglang()
-    from sglang.srt.mem_cache.registry import register_radix_cache_backend, registered_radix_cache_backends
+    """The `sglang.srt.plugins` entry point: registers the three backends (idempotent).
 
-    from radixflow.integrations.sglang.backend import BACKENDS
+    On another SGLang version the names are still registered, so that selecting one fails with our
+    one line naming the supported version (SGLang would otherwise say the name is unknown); a line is
+    logged, and nothing else changes. Without SGLang's registry nothing is registered."""
+    import logging
 
+    log = logging.getLogger("radixflow.integrations.sglang")
+    try:
+        require_supported_sglang()
+        wrong = None
+    except UnsupportedSglangError as e:
+        wrong = e
+    try:
+        from sglang.srt.mem_cache.registry import register_radix_cache_backend, registered_radix_cache_backends
+    except ImportError:
+        log.error("%s", wrong or "radixflow: SGLang has no radix-cache backend registry")
+        return []
+    if wrong is not None:
+        log.warning("%s", wrong)
     have = set(registered_radix_cache_backends())
     for name, kind in BACKENDS.items():
         if name not in have:
-            register_radix_cache_backend(name, _factory(kind))
+            register_radix_cache_backend(name, _factory(kind) if wrong is None else _refuse(wrong))
     return list(BACKENDS)

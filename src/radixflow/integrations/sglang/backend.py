@@ -27,11 +27,9 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 
 from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail
+from radixflow.integrations.sglang import BACKENDS  # noqa: F401  (re-exported: name -> policy)
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
-
-BACKENDS = {"radixflow-rr-tail": "rr-tail", "radixflow-level-tail": "level-tail",
-            "radixflow-flop-aware": "flop-aware"}
 DEFAULT_CHUNK_TOKENS = 64  # rr-tail / level-tail chunk, in tokens (our simulator: 4 pages of 16)
 
 
