@@ -20,6 +20,12 @@ of one, so the tree stays prefix-closed and nothing a running branch holds is to
 The policies are the index's friends: they use its private helpers (`_remove_leaf`, `_split`, ...),
 which keep the hash dict, the leaf set and the snapshot set consistent. The index passes itself in;
 `IndexInternals` names all a policy may touch, so this module needs nothing from `cache.radix`.
+
+The page walks of `rr-tail`, `level-tail` and `flop-aware` (the cursor, the tail chunks, the scores)
+run over a `TreeView`: what the walk reads of a tree, and a `split`. A walk is a generator that
+yields one victim (a leaf, or a tail snapshot) at a time and is sent back what removing it freed, so
+the tree that owns the nodes does the removal: `IndexView` wraps our `RadixIndex`, and
+`integrations/sglang` wraps SGLang's radix tree with the same walk.
 """
 
 from __future__ import annotations
@@ -51,6 +57,137 @@ class IndexInternals(Protocol):
     def _drop_snapshot(self, node: Node) -> None: ...
 
     def drop_tail(self, snap: Snapshot) -> None: ...
+
+
+class TreeView(Protocol):
+    """What a page walk reads of a tree (nodes are opaque to it) and the one change it makes itself
+    (`split`); removing a victim is left to whoever drives the walk."""
+
+    unit: int  # tokens per page: the chunk granularity
+    hybrid: bool  # recurrent states: a cut ends on a node holding one
+
+    def leaves(self) -> list: ...  # evictable leaves, in a stable order
+
+    def is_leaf(self, node) -> bool: ...  # still a leaf of the tree
+
+    def evictable(self, node) -> bool: ...
+
+    def has_children(self, node) -> bool: ...
+
+    def parent(self, node): ...
+
+    def is_root(self, node) -> bool: ...
+
+    def depth(self, node) -> int: ...  # token depth at the node's end
+
+    def start(self, node) -> int: ...
+
+    def has_state(self, node) -> bool: ...  # a recurrent state (snapshot) at the node's end
+
+    def states(self, node) -> list: ...  # the states on the node (`.depth`, `.tail`, `.last_access`)
+
+    def num_pages(self, node) -> int: ...
+
+    def last_access(self, node) -> float: ...
+
+    def trajectory_key(self, leaf) -> tuple: ...
+
+    def split(self, node, depth: int) -> None: ...  # `node` keeps [depth, end)
+
+    def tails(self) -> list: ...  # tail snapshots (exact-depth checkpoints); [] where there are none
+
+    def has_tail(self, snap) -> bool: ...
+
+
+class IndexView:
+    """`TreeView` over our `RadixIndex`."""
+
+    __slots__ = ("index", "unit", "hybrid")
+
+    def __init__(self, index: IndexInternals) -> None:
+        self.index = index
+        self.unit = index.block_size
+        self.hybrid = index.slots.capacity > 0
+
+    def leaves(self) -> list:
+        ev = self.index._evictable
+        return [n for n in self.index._leaves if ev(n)]
+
+    def is_leaf(self, node: Node) -> bool:
+        return node in self.index._leaves
+
+    def evictable(self, node: Node) -> bool:
+        return self.index._evictable(node)
+
+    @staticmethod
+    def has_children(node: Node) -> bool:
+        return bool(node.children)
+
+    @staticmethod
+    def parent(node: Node) -> Node:
+        return node.parent
+
+    @staticmethod
+    def is_root(node: Node) -> bool:
+        return node.is_root
+
+    @staticmethod
+    def depth(node: Node) -> int:
+        return node.depth
+
+    @staticmethod
+    def start(node: Node) -> int:
+        return node.start
+
+    @staticmethod
+    def has_state(node: Node) -> bool:
+        return node.snapshot is not None
+
+    @staticmethod
+    def states(node: Node) -> list:
+        return [t for t in node.tails] + ([node.snapshot] if node.snapshot is not None else [])
+
+    @staticmethod
+    def num_pages(node: Node) -> int:
+        return len(node.pages)
+
+    @staticmethod
+    def last_access(node: Node) -> float:
+        return node.last_access
+
+    @staticmethod
+    def trajectory_key(leaf: Node) -> tuple:
+        return _trajectory_key(leaf)
+
+    def split(self, node: Node, depth: int) -> None:
+        self.index._split(node, (depth - node.start) // self.unit)  # `node` keeps the tail
+
+    def tails(self) -> list:
+        return list(self.index._tails)
+
+    def has_tail(self, snap: Snapshot) -> bool:
+        return snap in self.index._tails
+
+    def remove(self, victim) -> int:
+        """Removes a victim a walk yielded: a leaf (its pages) or a tail snapshot (one page)."""
+        if isinstance(victim, Snapshot):
+            self.index.drop_tail(victim)
+            return 1
+        return self.index._remove_leaf(victim)
+
+
+def drive(walk, remove) -> int:
+    """Runs a page walk: each victim it yields is removed by `remove`, which returns what it freed."""
+    freed = 0
+    try:
+        victim = next(walk)
+        while True:
+            got = remove(victim)
+            freed += got
+            victim = walk.send(got)
+    except StopIteration:
+        pass
+    return freed
 
 
 class EvictionPolicy(Protocol):
@@ -120,27 +257,33 @@ class RoundRobinTail:
             raise ValueError(f"rr-tail chunk must be >= 1 page, got {self.chunk_pages}")
 
     def evict_pages(self, index: IndexInternals, need: int) -> int:
+        view = IndexView(index)
+        return drive(self.page_walk(view, need), view.remove)
+
+    def page_walk(self, view: TreeView, need: int):
+        """Yields the victims of the rotation until `need` is freed (sent back per victim)."""
         freed = 0
         while freed < need:
             progressed = False
-            for key, leaf in self._ring(index, self._page_cursor):
-                if leaf not in index._leaves or not index._evictable(leaf):
+            for key, leaf in self._ring(view, self._page_cursor):
+                if not view.is_leaf(leaf) or not view.evictable(leaf):
                     continue
-                got = self._cut(index, leaf)
-                self._page_cursor = key
+                self._page_cursor = key  # before the cut: a driver may stop the walk inside it
+                got = 0
+                for victim in self._cut_steps(view, leaf):
+                    got += yield victim
                 progressed |= got > 0
                 freed += got
                 if freed >= need:
                     break
             if not progressed:
                 break
-        return freed
 
     def evict_snapshots(self, index: IndexInternals, need: int) -> int:
         dropped = 0
         while dropped < need:
             progressed = False
-            for key, leaf in self._ring(index, self._snap_cursor):
+            for key, leaf in self._ring(IndexView(index), self._snap_cursor):
                 node = self._deepest_droppable_snapshot(leaf)
                 self._snap_cursor = key
                 if node is None:
@@ -157,35 +300,31 @@ class RoundRobinTail:
         return dropped
 
     # ------------------------------------------------------------------ helpers
-    def _ring(self, index: IndexInternals, cursor: tuple | None) -> list[tuple[tuple, Node]]:
+    def _ring(self, view, cursor: tuple | None) -> list[tuple[tuple, Node]]:
         """Evictable leaves in rotation order, starting just after the trajectory cut last."""
-        items = sorted(((_trajectory_key(n), n) for n in index._leaves if index._evictable(n)),
-                       key=lambda kn: kn[0])
+        items = sorted(((view.trajectory_key(n), n) for n in view.leaves()), key=lambda kn: kn[0])
         if cursor is None or not items:
             return items
         i = bisect.bisect_right([k for k, _ in items], cursor)
         return items[i:] + items[:i]
 
-    def _cut(self, index: IndexInternals, leaf: Node) -> int:
-        """Removes the last chunk of `leaf`'s trajectory (hybrid: down to a snapshot boundary)."""
-        bs = index.block_size
-        target = max(0, leaf.depth - self.chunk_pages * bs)
-        if index.slots.capacity > 0:
-            target = _snapshot_at_or_above(leaf, target)
-        freed = 0
+    def _cut_steps(self, view: TreeView, leaf):
+        """The last chunk of `leaf`'s trajectory, one leaf at a time (hybrid: down to a state boundary)."""
+        target = max(0, view.depth(leaf) - self.chunk_pages * view.unit)
+        if view.hybrid:
+            target = _state_at_or_above(view, leaf, target)
         node = leaf
-        while node.depth > target and not node.is_root:
-            if node.children or not index._evictable(node):
-                break
-            if node.start >= target:
-                parent = node.parent
-                freed += index._remove_leaf(node)
+        while view.depth(node) > target and not view.is_root(node):
+            if view.has_children(node) or not view.evictable(node):
+                return
+            if view.start(node) >= target:
+                parent = view.parent(node)
+                yield node
                 node = parent
                 continue
-            index._split(node, (target - node.start) // bs)  # `node` keeps the tail
-            freed += index._remove_leaf(node)
-            break
-        return freed
+            view.split(node, target)  # `node` keeps the tail
+            yield node
+            return
 
     @staticmethod
     def _deepest_droppable_snapshot(leaf: Node) -> Node | None:
@@ -208,17 +347,21 @@ class LevelTail(RoundRobinTail):
 
     name: str = "level-tail"
 
-    def evict_pages(self, index: IndexInternals, need: int) -> int:
+    def page_walk(self, view: TreeView, need: int):
         freed = 0
         while freed < need:
-            leaves = [n for n in index._leaves if index._evictable(n)]
+            leaves = view.leaves()
             if not leaves:
                 break
-            got = self._cut(index, max(leaves, key=lambda n: (n.depth, _trajectory_key(n))))
+            deepest = max(view.depth(n) for n in leaves)  # then the largest trajectory key among those
+            tied = [n for n in leaves if view.depth(n) == deepest]
+            pick = tied[0] if len(tied) == 1 else max(tied, key=view.trajectory_key)
+            got = 0
+            for victim in self._cut_steps(view, pick):
+                got += yield victim
             if not got:
                 break
             freed += got
-        return freed
 
 
 def _trajectory_key(leaf: Node) -> tuple:
@@ -232,13 +375,13 @@ def _trajectory_key(leaf: Node) -> tuple:
     return (node.namespace, node.start, node.key[: 8])
 
 
-def _snapshot_at_or_above(leaf: Node, depth: int) -> int:
-    """Deepest snapshot boundary on the leaf's path at or above `depth` (0 when there is none)."""
+def _state_at_or_above(view: TreeView, leaf, depth: int) -> int:
+    """Deepest state boundary on the leaf's path at or above `depth` (0 when there is none)."""
     node = leaf
-    while not node.is_root:
-        if node.snapshot is not None and node.depth <= depth:
-            return node.depth
-        node = node.parent
+    while not view.is_root(node):
+        if view.has_state(node) and view.depth(node) <= depth:
+            return view.depth(node)
+        node = view.parent(node)
     return 0
 
 
@@ -286,27 +429,29 @@ class FlopAware:
             raise ValueError(f"flop-aware recency weight must be in [0, 1], got {self.recency_weight}")
 
     def evict_pages(self, index: IndexInternals, need: int) -> int:
+        view = IndexView(index)
+        return drive(self.page_walk(view, need), view.remove)
+
+    def page_walk(self, view: TreeView, need: int):
         freed = 0
         while freed < need:
-            cands = [(n, *self._leaf_value(index, n)) for n in index._leaves if index._evictable(n)]
-            cands += [(t, *self._snap_value(index, t)) for t in index._tails if _droppable(t)]
+            cands = [(n, *self._leaf_value(view, n)) for n in view.leaves()]
+            cands += [(t, *self._snap_value(view, t)) for t in view.tails() if _droppable(t)]
             if not cands:
                 break
             progressed = False
             for victim in self._ranked(cands):
                 if freed >= need:
                     break
-                if hasattr(victim, "slot"):  # a tail snapshot: one page and one slot
-                    if victim in index._tails and _droppable(victim):
-                        index.drop_tail(victim)
-                        freed += 1
+                if isinstance(victim, Snapshot):  # a tail snapshot: one page and one slot
+                    if view.has_tail(victim) and _droppable(victim):
+                        freed += yield victim
                         progressed = True
-                elif not victim.children and index._evictable(victim) and victim in index._leaves:
-                    freed += index._remove_leaf(victim)
+                elif not view.has_children(victim) and view.evictable(victim) and view.is_leaf(victim):
+                    freed += yield victim
                     progressed = True
             if not progressed:
                 break
-        return freed
 
     def evict_snapshots(self, index: IndexInternals, need: int) -> int:
         cands = [(n.snapshot, *self._snap_value(index, n.snapshot)) for n in index._snap_nodes
@@ -338,20 +483,20 @@ class FlopAware:
         # Worthless victims (dead KV) go first whatever their age; then the blended score.
         return [cands[i][0] for i in sorted(range(n), key=lambda i: (cands[i][1] > 0, score[i], cands[i][2]))]
 
-    def _leaf_value(self, index: IndexInternals, leaf: Node) -> tuple[float, float]:
+    def _leaf_value(self, view: TreeView, leaf) -> tuple[float, float]:
         c = self.costs
-        held = len(leaf.pages) * c.page_bytes
-        if index.slots.capacity == 0:  # full attention: every page is a resume point
-            return c.prefill_flops(leaf.start, leaf.depth) / max(held, 1e-9), leaf.last_access
-        snaps = [t for t in leaf.tails] + ([leaf.snapshot] if leaf.snapshot is not None else [])
+        held = view.num_pages(leaf) * c.page_bytes
+        if not view.hybrid:  # full attention: every page is a resume point
+            return c.prefill_flops(view.start(leaf), view.depth(leaf)) / max(held, 1e-9), view.last_access(leaf)
+        snaps = view.states(leaf)
         if not snaps:
-            return 0.0, leaf.last_access  # dead KV: no state to resume from anywhere in it
+            return 0.0, view.last_access(leaf)  # dead KV: no state to resume from anywhere in it
         held += sum(c.slot_bytes + (c.page_bytes if s.tail else 0) for s in snaps)
         deepest = max(s.depth for s in snaps)
-        value = c.prefill_flops(_snapshot_above(leaf.parent), deepest)
-        return value / max(held, 1e-9), max(leaf.last_access, max(s.last_access for s in snaps))
+        value = c.prefill_flops(_state_above(view, view.parent(leaf)), deepest)
+        return value / max(held, 1e-9), max(view.last_access(leaf), max(s.last_access for s in snaps))
 
-    def _snap_value(self, index: IndexInternals, snap) -> tuple[float, float]:
+    def _snap_value(self, index, snap) -> tuple[float, float]:
         c = self.costs
         node = snap.node
         above = node.depth if snap.tail and node.snapshot is not None else _snapshot_above(
@@ -365,6 +510,15 @@ class FlopAware:
 
 def _droppable(snap) -> bool:
     return snap.published and snap.lock == 0
+
+
+def _state_above(view: TreeView, node) -> int:
+    """Depth of the deepest state at or above `node` (0: a cold start)."""
+    while node is not None and not view.is_root(node):
+        if view.has_state(node):
+            return view.depth(node)
+        node = view.parent(node)
+    return 0
 
 
 def _snapshot_above(node: Node | None) -> int:

@@ -1,0 +1,204 @@
+"""The radixflow eviction walks as SGLang radix-cache backends (imports SGLang; see __init__.py).
+
+SGLang's `UnifiedRadixCache` evicts FULL (device KV) through its FULL component: the cache calls
+`evict_device_next_node` for one victim leaf at a time and deletes that leaf itself
+(`evict_device_leaf`, which also frees the node's Mamba and SWA values and fixes the ledgers and leaf
+sets). `RadixflowFullComponent` keeps all of SGLang's FULL component (locks, match, split, frees) and
+replaces only that choice: it runs our policy's page walk (`cache/eviction.py`, the same generator
+our own `RadixIndex` runs) over `SGLangTreeView`, a read-only view of SGLang's nodes. A tail cut
+splits the leaf with SGLang's own `_split_node` (the node keeps the tail, which becomes the victim),
+so what SGLang deletes is always a whole node and its bookkeeping stays SGLang's.
+
+- Locks: a node with any component `lock_ref` (a running or in-flight request holds it) is not
+  evictable in the view, and no cut passes it.
+- Mamba (hybrid trees): a cut ends on the deepest node at or above `end - chunk` that still holds a
+  Mamba state (`component_data[MAMBA].value`), or at the root; the state at a cut's end is never
+  taken. SGLang's own Mamba walk (LRU over states, `mamba_num` requests) is left as it is.
+- SWA: cuts split nodes with SGLang's split, which redistributes the SWA values and locks; the
+  leaf's SWA window goes with it. Nothing here touches SWA values.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
+
+from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail
+from radixflow.integrations.sglang import BACKENDS  # noqa: F401  (re-exported: name -> policy)
+
+FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
+DEFAULT_CHUNK_TOKENS = 64  # rr-tail / level-tail chunk, in tokens (our simulator: 4 pages of 16)
+
+
+def make_policy(kind: str, page_size: int):
+    """A fresh policy for one cache. RADIXFLOW_SGLANG_CHUNK_TOKENS sets the tail chunk (tokens),
+    RADIXFLOW_SGLANG_RECENCY_WEIGHT flop-aware's recency weight."""
+    if kind == "flop-aware":
+        return FlopAware(recency_weight=float(os.environ.get("RADIXFLOW_SGLANG_RECENCY_WEIGHT", "0.5")))
+    try:
+        chunk = int(os.environ.get("RADIXFLOW_SGLANG_CHUNK_TOKENS", DEFAULT_CHUNK_TOKENS))
+    except ValueError:
+        raise ValueError("RADIXFLOW_SGLANG_CHUNK_TOKENS must be a number of tokens") from None
+    pages = max(1, chunk // page_size)
+    return (LevelTail if kind == "level-tail" else RoundRobinTail)(chunk_pages=pages)
+
+
+class SGLangTreeView:
+    """`cache/eviction.TreeView` over SGLang's `UnifiedTreeCore` (Python core). Built per eviction
+    walk. Depths are memoised by node id (`depths`, kept by the component across walks): a node's end
+    depth never changes while it lives (a split keeps it; ids are never reused)."""
+
+    tails_empty: list = []
+
+    def __init__(self, component: FullComponent, depths: dict | None = None) -> None:
+        self.component = component
+        self.core = component.tree_core
+        self.unit = self.core.page_size
+        self.hybrid = MAMBA in self.core.components_by_type
+        self._depth: dict[int, int] = {} if depths is None else depths
+
+    # --------------------------------------------------------------- structure
+    def leaves(self) -> list:
+        # evictable_device_leaves: unlocked, FULL on device, no device child. A set, whose order differs
+        # between processes; ties (flop-aware scores; equal trajectory keys, as when histories start
+        # inside the same page of a shared prompt) follow the leaves' order, so give it: node id, the
+        # order our index's leaf dict has on these traces.
+        return sorted(self.core.evictable_device_leaves, key=lambda n: n.id)
+
+    def is_leaf(self, node) -> bool:
+        return node.parent is not None and not node.children and node.id in self.core._node_arena
+
+    def evictable(self, node) -> bool:
+        if node is self.core.root_node or node.component_data[FULL].value is None:
+            return False
+        for cd in node.component_data:  # a loop, not any(): this runs for every leaf of every walk
+            if cd.lock_ref > 0:
+                return False
+        return True
+
+    @staticmethod
+    def has_children(node) -> bool:
+        return bool(node.children)
+
+    @staticmethod
+    def parent(node):
+        return node.parent
+
+    def is_root(self, node) -> bool:
+        return node is self.core.root_node
+
+    def depth(self, node) -> int:
+        memo = self._depth
+        d = memo.get(node.id)
+        if d is not None:
+            return d
+        chain = []
+        n = node
+        while n is not self.core.root_node and n.id not in memo:
+            chain.append(n)
+            n = n.parent
+        d = 0 if n is self.core.root_node else memo[n.id]
+        for x in reversed(chain):
+            d += len(x.key)
+            memo[x.id] = d
+        return d
+
+    def start(self, node) -> int:
+        return self.depth(node) - len(node.key)
+
+    def has_state(self, node) -> bool:
+        return node.component_data[MAMBA].value is not None
+
+    def states(self, node) -> list:
+        if not self.hybrid or not self.has_state(node):
+            return []
+        return [SimpleNamespace(depth=self.depth(node), tail=(), last_access=node.last_access_time)]
+
+    def num_pages(self, node) -> int:
+        return len(node.key) // self.unit
+
+    @staticmethod
+    def last_access(node) -> float:
+        return float(node.last_access_time)
+
+    def trajectory_key(self, leaf) -> tuple:
+        """Where the leaf's unshared chain starts (as `cache/eviction._trajectory_key`)."""
+        root = self.core.root_node
+        node, up = leaf, leaf.parent
+        while up is not root and len(up.children) == 1:
+            node, up = up, up.parent
+        key = node.key
+        extra = key.extra_key
+        return ("" if extra is None else str(extra), self.depth(up) if up is not root else 0,
+                tuple(key.token_ids[:8]))
+
+    def split(self, node, depth: int) -> None:
+        keep_above = depth - self.start(node)
+        _, action = self.core._split_node(node.key, node, keep_above)
+        if action is not None:
+            self.component.cache._apply_cache_action(action)
+
+    def tails(self) -> list:
+        return self.tails_empty
+
+    @staticmethod
+    def has_tail(snap) -> bool:
+        return False
+
+
+class RadixflowFullComponent(FullComponent):
+    """SGLang's FULL component with the victim choice of a radixflow policy (`policy_kind`)."""
+
+    policy_kind = "rr-tail"
+
+    def __init__(self, cache, params) -> None:
+        super().__init__(cache, params)
+        self.policy = make_policy(self.policy_kind, params.page_size)
+        self._walk = None
+        self._mark = 0
+        self._depths: dict[int, int] = {}
+        self.victims = 0  # leaves handed to the cache (tests read it)
+
+    def _evict_device_start(self, request_cnt: int) -> None:
+        self._request = request_cnt
+        self._walk = None
+        self._started = False
+
+    def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
+        done = tracker[FULL]
+        try:
+            if not self._started:
+                self._started = True
+                need = self._request - done
+                if need <= 0:
+                    return None
+                if len(self._depths) > 4 * len(self.tree_core._node_arena) + 64:
+                    self._depths.clear()  # nodes SGLang deleted on its own paths
+                view = SGLangTreeView(self, depths=self._depths)
+                self._walk = self.policy.page_walk(view, need)
+                victim = next(self._walk)
+            elif self._walk is None:
+                return None
+            else:
+                victim = self._walk.send(done - self._mark)  # what deleting the last victim freed
+        except StopIteration:
+            self._walk = None
+            return None
+        self._mark = done
+        self.victims += 1
+        self._depths.pop(victim.id, None)  # the cache deletes it now
+        return victim.id
+
+    def _evict_device_end(self) -> None:
+        if self._walk is not None:
+            self._walk.close()
+        self._walk = None
+
+
+def component_class(kind: str) -> type[RadixflowFullComponent]:
+    """A FULL component class for `component_registry_override` running policy `kind`."""
+    return type(f"Radixflow{kind.title().replace('-', '')}FullComponent", (RadixflowFullComponent,),
+                {"policy_kind": kind})
