@@ -65,8 +65,7 @@ class SchedulerConfig:
                                "boundary lies inside a producer's fragment of the same round runs in that "
                                "forward as a dependent row, reading the producer's state at its depth; "
                                "'auto': hand-off, wait or recompute per consumer by the cost model; "
-                               "'off': wait a round, as before. Default auto (off for --workload figure1 "
-                               "and --scheduler vllm: the paper's rounds, vLLM's scheduler)")
+                               "'off': wait a round, as before. Default auto")
     handoff_max_levels: int = _opt(2, "--handoff: most dependency levels in one forward (level 0 reads only "
                                       "published state)")
     num_kv_pages: int = _opt(1 << 20, "KV pool size in pages")
