@@ -36,7 +36,11 @@ class Served:
         self._changed = threading.Condition()
         self._ended = False
         threading.Thread(target=self._read, daemon=True).start()
-        port = self.wait_line(r"Uvicorn running on http://127\.0\.0\.1:(\d+)").group(1)
+        try:
+            port = self.wait_line(r"Uvicorn running on http://127\.0\.0\.1:(\d+)").group(1)
+        except BaseException:
+            self.close()
+            raise
         self.url = f"http://127.0.0.1:{port}"
 
     def _read(self) -> None:
