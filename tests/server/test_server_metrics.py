@@ -17,14 +17,14 @@ def _pools(samples, name: str) -> dict[str, float]:
 def test_gauges_after_an_abort_leaves_the_engine_idle(hybrid_server):
     body = {"prompt": "abandon me " * 20, "max_tokens": 500, "ignore_eos": True, "stream": True,
             "namespace": "gauges"}
-    with httpx.stream("POST", hybrid_server.url + "/v1/completions", json=body, timeout=60) as s:
-        lines = s.iter_lines()
-        for _ in range(6):  # a few tokens: the branch is decoding, it holds pages and a state slot
-            next(lines)
-        during = scrape(hybrid_server.url)
-    # the client left mid-stream: the request is aborted
-    report = hybrid_server.wait_idle()
-    after = scrape(hybrid_server.url)
+    # prefill and three decode rounds, then the engine holds the branch: it holds pages and a state slot
+    with hybrid_server.held(rounds=4) as held:
+        with httpx.stream("POST", hybrid_server.url + "/v1/completions", json=body, timeout=60):
+            assert held.wait(60)
+            during = scrape(hybrid_server.url)
+        # the client left mid-stream: the request is aborted
+        report = hybrid_server.wait_idle()
+        after = scrape(hybrid_server.url)
     assert metric(during, "radixflow_queue_length", state="running") == 1
     pages, slots = _pools(during, "radixflow_kv_pages"), _pools(during, "radixflow_state_slots")
     assert pages["held"] + pages["cached"] + pages["free"] == pages["total"]
