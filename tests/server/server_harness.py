@@ -150,13 +150,13 @@ def start_server(model: str = "tiny-qwen3.5", *, block_size: int = 16, state_int
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 1024, max_model_len: int = 2048,
                  kv_cache_memory: int = 64 << 20, max_queue: int = 1024, policy: str = "radixflow",
                  snapshot_mode: str = "every-boundary", wait: bool = True, checkpoints: str = "boundary",
-                 **server_kw) -> LiveServer:
+                 handoff: str | None = None, **server_kw) -> LiveServer:
     """`server_kw`: further ServerConfig fields (max_body_bytes, max_branches_per_request, ...).
     With RADIXFLOW_TEST_API_KEY set, the server requires that key unless `api_keys` is given."""
     server_kw.setdefault("api_keys", suite_keys())
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                             block_size=block_size, state_interval=state_interval, snapshot_mode=snapshot_mode,
-                            checkpoints=checkpoints)
+                            checkpoints=checkpoints, **({} if handoff is None else {"handoff": handoff}))
     engine = EngineConfig(model=model, policy=policy, scheduler=sched, kv_cache_memory=kv_cache_memory,
                           max_model_len=max_model_len)
     # Bound and listening before uvicorn starts, and handed to it: no other process can take the port,

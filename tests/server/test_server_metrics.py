@@ -83,3 +83,21 @@ def test_snapshot_mode_is_honoured(hybrid_server):
         assert made["every-boundary"] >= 4 > made["chunk-end"] >= 1, made
     finally:
         live.stop()
+
+
+def test_handoff_rows_levels_and_extra_level_time_are_reported():
+    """Four candidates over one document in one request, branch checkpoints, --handoff on: the siblings run
+    as dependent rows of the first in the same forward, and /metrics counts them, their levels and time."""
+    live = start_server("tiny-qwen3.5", checkpoints="branch", handoff="on")
+    try:
+        doc = list(range(1, 200))
+        body = {"prompt": [doc + [300 + i, 400 + i] for i in range(4)], "max_tokens": 1, "namespace": "handoff"}
+        assert live.post("/v1/completions", json=body).status_code == 200
+        assert live.wait_idle()["integrity"] == "ok"
+        samples = scrape(live.url)
+        assert metric(samples, "radixflow_handoff_rows_total") >= 1
+        assert metric(samples, "radixflow_handoff_seconds_total") > 0
+        assert metric(samples, "radixflow_round_levels_bucket", le="2.0") > metric(
+            samples, "radixflow_round_levels_bucket", le="1.0")
+    finally:
+        live.stop()
