@@ -7,8 +7,9 @@
 # machine neither needs nor can use. What its scheduler, configs and request objects import is listed
 # below (found by removing one package at a time until the tests broke). torch stays at the CPU build
 # 2.13.0 already installed there (vLLM pins 2.14, which the scheduler does not need), and an installed
-# transformers is kept at its version, so the project's own pins win. pip then reports that vLLM's
-# declared requirements (torch 2.14, CUDA packages, ...) are not met: expected, and not an error.
+# transformers is kept at its version, so the project's own pins win. vLLM's declared requirements
+# (torch 2.14, CUDA packages, ...) are therefore not met, on purpose: it goes in last, so no pip run
+# here resolves against it and reports them as conflicts; the script ends with one line saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,15 +47,34 @@ else
   echo "transformers<5.21.0" >> "$constraints"  # vLLM 0.33.0's own range
 fi
 
+# While vLLM is installed, pip checks its unmet requirements whenever it installs one of them: out
+# first (a re-run after a version change), in last.
+if "$PY" -m pip show -q vllm >/dev/null 2>&1; then
+  "$PY" -m pip uninstall -q -y vllm
+fi
 "$PY" -m pip install -q -c "$constraints" "torch==$TORCH_VERSION"
-"$PY" -m pip install -q --no-deps "vllm==$VLLM_VERSION"
 "$PY" -m pip install -q -c "$constraints" "${REQUIREMENTS[@]}"
-"$PY" - <<'PY'
+"$PY" -m pip install -q --no-deps "vllm==$VLLM_VERSION"
+unmet=$("$PY" - <<'PY' | tail -n 1
 import os
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import vllm.v1.core.sched.async_scheduler  # noqa: F401  (fails here, not in the tests, if a package is missing)
 import torch
 assert torch.__version__.startswith("2.13.0"), f"torch {torch.__version__} is not the CPU build 2.13.0"
+from importlib.metadata import PackageNotFoundError, requires, version
+from packaging.requirements import Requirement
+unmet, total = 0, 0
+for text in requires("vllm") or []:
+    req = Requirement(text)
+    if req.marker is None or req.marker.evaluate({"extra": ""}):
+        total += 1
+        try:
+            unmet += not req.specifier.contains(version(req.name), prereleases=True)
+        except PackageNotFoundError:
+            unmet += 1
+print(f"{unmet} of its {total}")
 PY
+)
 echo "$wanted" > "$stamp"
-echo "vLLM $VLLM_VERSION installed for CPU scheduler tests into $env_dir"
+echo "vLLM $VLLM_VERSION installed into $env_dir with --no-deps for the CPU scheduler tests: $unmet declared" \
+  "requirements are not met on purpose (CUDA torch 2.14 and GPU kernels its model runner needs, not its scheduler)"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
@@ -129,17 +128,16 @@ def test_503_while_loading(monkeypatch):
 def test_429_when_the_admission_queue_is_full():
     live = start_server("tiny-qwen3", max_num_seqs=1, max_queue=1)
     try:
-        loop = live.state.loop
+        loop = live.loop
         long = {"prompt": "hold the only row", "max_tokens": 1500, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", live.url + URL, json=long, timeout=60) as stream:
-            lines = stream.iter_lines()  # keep it: dropping the iterator closes the connection
-            next(lines)  # A is running: it holds the only row
+        # A's first round runs, then the engine holds: A keeps the only row while B and C arrive
+        with live.held(rounds=1) as held, httpx.stream("POST", live.url + URL, json=long, timeout=60):
+            assert held.wait(60)  # A is running: it holds the only row
             result = {}
             waiter = threading.Thread(target=lambda: result.update(r=_post(live, {"prompt": "b", "max_tokens": 2})))
             waiter.start()  # B waits for a row: the queue (1) is now full
-            end = time.monotonic() + 30
-            while loop.pending < 1 and time.monotonic() < end:
-                time.sleep(0.01)
+            assert loop.when(lambda engine: len(engine.requests) == 2).wait(60)
+            assert loop.pending == 1
             r = _post(live, {"prompt": "c", "max_tokens": 2})
             assert r.status_code == 429
             err = error_of(r)

@@ -17,14 +17,14 @@ def _pools(samples, name: str) -> dict[str, float]:
 def test_gauges_after_an_abort_leaves_the_engine_idle(hybrid_server):
     body = {"prompt": "abandon me " * 20, "max_tokens": 500, "ignore_eos": True, "stream": True,
             "namespace": "gauges"}
-    with httpx.stream("POST", hybrid_server.url + "/v1/completions", json=body, timeout=60) as s:
-        lines = s.iter_lines()
-        for _ in range(6):  # a few tokens: the branch is decoding, it holds pages and a state slot
-            next(lines)
-        during = scrape(hybrid_server.url)
-    # the client left mid-stream: the request is aborted
-    report = hybrid_server.wait_idle()
-    after = scrape(hybrid_server.url)
+    # prefill and three decode rounds, then the engine holds the branch: it holds pages and a state slot
+    with hybrid_server.held(rounds=4) as held:
+        with httpx.stream("POST", hybrid_server.url + "/v1/completions", json=body, timeout=60):
+            assert held.wait(60)
+            during = scrape(hybrid_server.url)
+        # the client left mid-stream: the request is aborted
+        report = hybrid_server.wait_idle()
+        after = scrape(hybrid_server.url)
     assert metric(during, "radixflow_queue_length", state="running") == 1
     pages, slots = _pools(during, "radixflow_kv_pages"), _pools(during, "radixflow_state_slots")
     assert pages["held"] + pages["cached"] + pages["free"] == pages["total"]
@@ -81,5 +81,23 @@ def test_snapshot_mode_is_honoured(hybrid_server):
             assert after["snapshot_mode"] == name and after["integrity"] == "ok"
             made[name] = after["snapshots"] - before["snapshots"]
         assert made["every-boundary"] >= 4 > made["chunk-end"] >= 1, made
+    finally:
+        live.stop()
+
+
+def test_handoff_rows_levels_and_extra_level_time_are_reported():
+    """Four candidates over one document in one request, branch checkpoints, --handoff on: the siblings run
+    as dependent rows of the first in the same forward, and /metrics counts them, their levels and time."""
+    live = start_server("tiny-qwen3.5", checkpoints="branch", handoff="on")
+    try:
+        doc = list(range(1, 200))
+        body = {"prompt": [doc + [300 + i, 400 + i] for i in range(4)], "max_tokens": 1, "namespace": "handoff"}
+        assert live.post("/v1/completions", json=body).status_code == 200
+        assert live.wait_idle()["integrity"] == "ok"
+        samples = scrape(live.url)
+        assert metric(samples, "radixflow_handoff_rows_total") >= 1
+        assert metric(samples, "radixflow_handoff_seconds_total") > 0
+        assert metric(samples, "radixflow_round_levels_bucket", le="2.0") > metric(
+            samples, "radixflow_round_levels_bucket", le="1.0")
     finally:
         live.stop()

@@ -198,12 +198,13 @@ def test_cache_salt_separates_cached_prefixes(hybrid_server):
 
 
 def test_priority_reaches_the_branches(hybrid_server):
-    body = {"model": MODEL, "prompt": "p", "max_tokens": 400, "ignore_eos": True, "stream": True, "priority": -3}
-    with httpx.stream("POST", hybrid_server.url + "/v1/completions", json=body, timeout=60) as resp:
-        lines = resp.iter_lines()
-        line = next(ln for ln in lines if ln.startswith("data: "))
-        rid = httpx.Response(200, content=line[6:]).json()["id"]
-        prios = hybrid_server.state.loop.call(lambda eng: [b.priority for b in eng.requests[rid].branches])
+    body = {"model": MODEL, "prompt": "p", "max_tokens": 400, "ignore_eos": True, "stream": True, "priority": -3,
+            "request_id": "prio"}
+    # its first round runs, then the engine holds it: it is still in flight when its branches are read
+    with hybrid_server.held(rounds=1) as held, httpx.stream("POST", hybrid_server.url + "/v1/completions",
+                                                           json=body, timeout=60):
+        assert held.wait(60)
+        prios = hybrid_server.loop.call(lambda eng: [b.priority for b in eng.requests["cmpl-prio"].branches])
         assert prios.result(timeout=30) == [-3]
     hybrid_server.wait_idle()
 

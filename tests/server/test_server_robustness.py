@@ -63,9 +63,9 @@ def test_429_carries_retry_after():
     live = start_server("tiny-qwen3", max_num_seqs=1, max_queue=1)
     try:
         long = {"prompt": "hold", "max_tokens": 1500, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", live.url + "/v1/completions", json=long, timeout=60) as s:
-            lines = s.iter_lines()
-            next(lines)  # running: the only row is taken, nothing is pending yet
+        # the first request's first round runs, then the engine holds it in the only row
+        with live.held(rounds=1) as held, httpx.stream("POST", live.url + "/v1/completions", json=long, timeout=60):
+            assert held.wait(60)  # running: the only row is taken, nothing is pending yet
             with httpx.stream("POST", live.url + "/v1/completions", json=long, timeout=60) as s2:
                 assert s2.status_code == 200  # accepted, waiting for a row: the queue (1) is full
                 r = live.post("/v1/completions", json={"prompt": "c", "max_tokens": 1})

@@ -158,6 +158,15 @@ class EngineLoop:
         # reach, so a full collection (triggered by a request that builds 100k branches) scans only
         # what requests made, instead of stopping every thread for ~0.4 s.
         gc.freeze()
+        try:
+            self._serve()
+        finally:
+            # Frozen objects are never collected, not even at interpreter exit: nanobind modules among
+            # them (triton's, imported by torch._dynamo when the model is built on the meta device)
+            # would then report themselves leaked on every shutdown.
+            gc.unfreeze()
+
+    def _serve(self) -> None:
         eng = self.engine
         sc = eng.scheduler
         self._update_gauges()

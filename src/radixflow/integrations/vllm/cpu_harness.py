@@ -82,17 +82,18 @@ class SchedulerSetup:
 
 
 @functools.cache
-def _tiny_model_dir() -> str:
-    path = tempfile.mkdtemp(prefix="radixflow-vllm-model-")
-    with open(os.path.join(path, "config.json"), "w") as f:
+def _tiny_model_dir() -> tempfile.TemporaryDirectory:
+    """The tiny model's directory, removed when the process exits (held here until then)."""
+    tmp = tempfile.TemporaryDirectory(prefix="radixflow-vllm-model-")
+    with open(os.path.join(tmp.name, "config.json"), "w") as f:
         json.dump(_TINY_CONFIG, f)
-    return path
+    return tmp
 
 
 @functools.cache
 def _model_config(max_model_len: int) -> ModelConfig:
     # Building a ModelConfig inspects the architecture (seconds); one per length is enough.
-    path = _tiny_model_dir()
+    path = _tiny_model_dir().name
     return ModelConfig(
         model=path, tokenizer=path, skip_tokenizer_init=True, seed=0, max_model_len=max_model_len
     )
