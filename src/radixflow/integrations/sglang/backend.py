@@ -64,12 +64,13 @@ class SGLangTreeView:
 
     tails_empty: list = []
 
-    def __init__(self, component: FullComponent, depths: dict | None = None) -> None:
+    def __init__(self, component: FullComponent, depths: dict | None = None, keys: dict | None = None) -> None:
         self.component = component
         self.core = component.tree_core
         self.unit = self.core.page_size
         self.hybrid = MAMBA in self.core.components_by_type
         self._depth: dict[int, int] = {} if depths is None else depths
+        self._keys: dict[int, tuple] = {} if keys is None else keys  # trajectory keys by leaf id
 
     # --------------------------------------------------------------- structure
     def leaves(self) -> list:
@@ -146,7 +147,15 @@ class SGLangTreeView:
         return node.component_data[FULL].metadata.get(ACCESS, 0)
 
     def trajectory_key(self, leaf) -> tuple:
-        """Where the leaf's unshared chain starts (as `cache/eviction._trajectory_key`)."""
+        """Where the leaf's unshared chain starts (as `cache/eviction._trajectory_key`). Memoised by
+        leaf id (`keys`, kept by the component across walks, which forgets a key when the chain can
+        have changed: a child added or deleted above it, a split on it)."""
+        key = self._keys.get(leaf.id)
+        if key is None:
+            key = self._keys[leaf.id] = self._trajectory_key(leaf)
+        return key
+
+    def _trajectory_key(self, leaf) -> tuple:
         root = self.core.root_node
         node, up = leaf, leaf.parent
         while up is not root and len(up.children) == 1:
@@ -186,6 +195,7 @@ class RadixflowFullComponent(FullComponent):
         self._walk = None
         self._mark = 0
         self._depths: dict[int, int] = {}
+        self._keys: dict[int, tuple] = {}  # trajectory keys by leaf id (SGLangTreeView.trajectory_key)
         self._clock = 0  # one tick per access (a lock, an insert): our index's `now`, as a counter
         self._leaf_seq = 0
         self.victims = 0  # leaves handed to the cache (tests read it)
@@ -217,6 +227,7 @@ class RadixflowFullComponent(FullComponent):
             parent = node.parent
             if parent is not None:
                 parent.component_data[FULL].metadata.pop(LEAF, None)  # not a leaf any more
+                self._forget_keys(parent)
         self._stamp_path(node)  # our `insert(..., now)` then `touch(node, now)`
 
     def redistribute_on_node_split(self, new_parent, child) -> None:
@@ -224,12 +235,31 @@ class RadixflowFullComponent(FullComponent):
         stamp = child.component_data[FULL].metadata.get(ACCESS)
         if stamp is not None:  # the prefix inherits the recency, the suffix keeps its own
             new_parent.component_data[FULL].metadata[ACCESS] = stamp
+        self._forget_keys(new_parent)  # the chain through `child` may now start at a shorter key
 
     def discard_deleted_session_leaf(self, node) -> None:
         super().discard_deleted_session_leaf(node)
         parent = node.parent  # SGLang deletes `node` from it right after this hook
-        if parent is not None and parent is not self.tree_core.root_node and len(parent.children) == 1:
-            parent.component_data[FULL].metadata[LEAF] = self.next_leaf_seq()  # a leaf from now on
+        self._keys.pop(node.id, None)
+        if parent is not None:
+            self._forget_keys(parent)
+            if parent is not self.tree_core.root_node and len(parent.children) == 1:
+                parent.component_data[FULL].metadata[LEAF] = self.next_leaf_seq()  # a leaf from now on
+
+    def _forget_keys(self, node) -> None:
+        """Drops the trajectory keys a change of `node`'s children can change: `node`'s own, and those
+        of the leaves that end the single-child chains below it (a chain starts where its parent has
+        more than one child, so only these can move)."""
+        keys = self._keys
+        if not keys:
+            return
+        keys.pop(node.id, None)
+        for child in node.children.values():
+            n = child
+            while len(n.children) == 1:
+                (n,) = n.children.values()
+            if not n.children:
+                keys.pop(n.id, None)
 
     def _evict_device_start(self, request_cnt: int) -> None:
         self._request = request_cnt
@@ -246,7 +276,7 @@ class RadixflowFullComponent(FullComponent):
                     return None
                 if len(self._depths) > 4 * len(self.tree_core._node_arena) + 64:
                     self._depths.clear()  # nodes SGLang deleted on its own paths
-                view = SGLangTreeView(self, depths=self._depths)
+                view = SGLangTreeView(self, depths=self._depths, keys=self._keys)
                 self._walk = self.policy.page_walk(view, need)
                 victim = next(self._walk)
             elif self._walk is None:
