@@ -37,7 +37,6 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 
 from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail
-from radixflow.integrations.sglang import BACKENDS  # noqa: F401  (re-exported: name -> policy)
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 ACCESS, LEAF = "rf_access", "rf_leaf"  # keys of the FULL component data's metadata (see above)
