@@ -30,7 +30,8 @@ def _chunk(monkeypatch):
 
 TREES = [pytest.param((FULL,), 4, id="full-ps4"), pytest.param((FULL, MAMBA), 1, id="mamba-ps1"),
          pytest.param((FULL, MAMBA), 4, id="mamba-ps4-extra-buffer")]
-POLICIES = [("radixflow-rr-tail", "rr-tail"), ("radixflow-level-tail", "level-tail")]
+POLICIES = [("radixflow-rr-tail", "rr-tail:{chunk}"), ("radixflow-level-tail", "level-tail:{chunk}"),
+            ("radixflow-flop-aware", "flop-aware")]  # our policy; {chunk}: the tail chunk in pages
 
 
 @pytest.mark.parametrize("components,page", TREES)
@@ -42,7 +43,7 @@ def test_kept_prefixes_equal_our_cache(components, page, backend, policy, seed):
     hybrid = MAMBA in components
     cap = 128 * page  # ~half of what the trace's histories grow to
     sg = twins.SGLangTwin(backend, cap, page, components, max_reqs=256, mamba_slots=256)
-    ours = twins.IndexTwin(f"{policy}:{CHUNK // page}", cap, page, hybrid=hybrid)
+    ours = twins.IndexTwin(policy.format(chunk=CHUNK // page), cap, page, hybrid=hybrid)
     for step, hits, (k_sg, k_ours) in replay((sg, ours), seed, page, check=lambda t: t.check()):
         assert hits[0] == hits[1], f"step {step}: hit {hits}"
         assert k_sg == k_ours, f"step {step}: kept per history, SGLang {k_sg} vs ours {k_ours}"
@@ -128,3 +129,36 @@ def test_flop_aware_frees_what_is_asked_and_keeps_integrity():
     before = sg.cache.evictable_size()
     got = sg.evict(40)
     assert got >= 40 or got == before
+
+
+def _flop_aware_two_histories():
+    """Two idle histories of 64 tokens, A inserted before B (page 4): equal FLOPs per byte, so
+    flop-aware evicts the less recent one first, in our index's terms."""
+    sg = twins.SGLangTwin("radixflow-flop-aware", 1024, 4)
+    a, b = list(range(1, 65)), list(range(1001, 1065))
+    _put(sg.cache, sg.alloc, a)
+    _put(sg.cache, sg.alloc, b)
+    return sg, a, b
+
+
+def test_flop_aware_recency_is_not_refreshed_by_a_match_alone():
+    """A match without a request (a scheduler probing its queue) is no access in our index; SGLang's
+    own counter refreshes A, which would make B the victim."""
+    sg, a, b = _flop_aware_two_histories()
+    assert sg.kept(a) == 64  # SGLang's tree match: bumps A's last_access_time
+    sg.evict(64)
+    assert (sg.kept(a), sg.kept(b)) == (0, 64)
+    sg.check()
+
+
+def test_flop_aware_split_keeps_the_suffix_recency():
+    """A request takes half of A (SGLang splits A; the prefix is stamped by the lock and the insert):
+    the suffix keeps A's insert time, older than B, and goes first. SGLang's `_split_node` restamps
+    the suffix with a fresh counter, which would make B the victim."""
+    sg, a, b = _flop_aware_two_histories()
+    st = sg.start(a[:32], 0)
+    assert st["hit"] == 32
+    sg.finish(st, a[:32])
+    sg.evict(32)
+    assert (sg.kept(a), sg.kept(b)) == (32, 64)
+    sg.check()

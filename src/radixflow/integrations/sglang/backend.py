@@ -16,6 +16,16 @@ so what SGLang deletes is always a whole node and its bookkeeping stays SGLang's
   taken. SGLang's own Mamba walk (LRU over states, `mamba_num` requests) is left as it is.
 - SWA: cuts split nodes with SGLang's split, which redistributes the SWA values and locks; the
   leaf's SWA window goes with it. Nothing here touches SWA values.
+- Recency and leaf order, in our `RadixIndex`'s terms (flop-aware ranks recency; all three break
+  ties by leaf order): SGLang's `last_access_time` is a counter that its match refreshes and its
+  `_split_node` restamps on the suffix, so the component keeps its own, in the FULL component data's
+  `metadata` (dies with the node): `rf_access`, stamped on the whole path when a request locks its
+  hit (`acquire_component_lock`, our `lock(node, now)`) and when a sequence is inserted
+  (`commit_insert_component_data`, our `insert` + `touch`), inherited by the prefix on a split (the
+  suffix keeps its own, as `RadixIndex._split`); `rf_leaf`, the order nodes became leaves in (a new
+  leaf at insert; a parent when its last child is deleted, `discard_deleted_session_leaf`), as our
+  index's leaf dict. A match alone (a scheduler probing its queue, a test reading what is kept)
+  refreshes nothing, as in our index.
 """
 
 from __future__ import annotations
@@ -27,9 +37,9 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 
 from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail
-from radixflow.integrations.sglang import BACKENDS  # noqa: F401  (re-exported: name -> policy)
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
+ACCESS, LEAF = "rf_access", "rf_leaf"  # keys of the FULL component data's metadata (see above)
 DEFAULT_CHUNK_TOKENS = 64  # rr-tail / level-tail chunk, in tokens (our simulator: 4 pages of 16)
 
 
@@ -53,20 +63,30 @@ class SGLangTreeView:
 
     tails_empty: list = []
 
-    def __init__(self, component: FullComponent, depths: dict | None = None) -> None:
+    def __init__(self, component: FullComponent, depths: dict | None = None, keys: dict | None = None) -> None:
         self.component = component
         self.core = component.tree_core
         self.unit = self.core.page_size
         self.hybrid = MAMBA in self.core.components_by_type
         self._depth: dict[int, int] = {} if depths is None else depths
+        self._keys: dict[int, tuple] = {} if keys is None else keys  # trajectory keys by leaf id
 
     # --------------------------------------------------------------- structure
     def leaves(self) -> list:
         # evictable_device_leaves: unlocked, FULL on device, no device child. A set, whose order differs
         # between processes; ties (flop-aware scores; equal trajectory keys, as when histories start
-        # inside the same page of a shared prompt) follow the leaves' order, so give it: node id, the
-        # order our index's leaf dict has on these traces.
-        return sorted(self.core.evictable_device_leaves, key=lambda n: n.id)
+        # inside the same page of a shared prompt) follow the leaves' order, so give our index's: the
+        # order the nodes became leaves in (`rf_leaf`; one never seen becoming one is placed now).
+        component = self.component
+        keyed = []
+        for n in self.core.evictable_device_leaves:
+            md = n.component_data[FULL].metadata
+            seq = md.get(LEAF)
+            if seq is None:
+                seq = md[LEAF] = component.next_leaf_seq()
+            keyed.append((seq, n))
+        keyed.sort(key=_first)
+        return [n for _, n in keyed]
 
     def is_leaf(self, node) -> bool:
         return node.parent is not None and not node.children and node.id in self.core._node_arena
@@ -115,17 +135,26 @@ class SGLangTreeView:
     def states(self, node) -> list:
         if not self.hybrid or not self.has_state(node):
             return []
-        return [SimpleNamespace(depth=self.depth(node), tail=(), last_access=node.last_access_time)]
+        # The state came with the insert that stamped its node; the node's stamp never falls below it.
+        return [SimpleNamespace(depth=self.depth(node), tail=(), last_access=self.last_access(node))]
 
     def num_pages(self, node) -> int:
         return len(node.key) // self.unit
 
     @staticmethod
     def last_access(node) -> float:
-        return float(node.last_access_time)
+        return node.component_data[FULL].metadata.get(ACCESS, 0)
 
     def trajectory_key(self, leaf) -> tuple:
-        """Where the leaf's unshared chain starts (as `cache/eviction._trajectory_key`)."""
+        """Where the leaf's unshared chain starts (as `cache/eviction._trajectory_key`). Memoised by
+        leaf id (`keys`, kept by the component across walks, which forgets a key when the chain can
+        have changed: a child added or deleted above it, a split on it)."""
+        key = self._keys.get(leaf.id)
+        if key is None:
+            key = self._keys[leaf.id] = self._trajectory_key(leaf)
+        return key
+
+    def _trajectory_key(self, leaf) -> tuple:
         root = self.core.root_node
         node, up = leaf, leaf.parent
         while up is not root and len(up.children) == 1:
@@ -149,8 +178,13 @@ class SGLangTreeView:
         return False
 
 
+def _first(pair):
+    return pair[0]
+
+
 class RadixflowFullComponent(FullComponent):
-    """SGLang's FULL component with the victim choice of a radixflow policy (`policy_kind`)."""
+    """SGLang's FULL component with the victim choice of a radixflow policy (`policy_kind`), and the
+    recency and leaf order that policy reads, kept as our `RadixIndex` keeps them."""
 
     policy_kind = "rr-tail"
 
@@ -160,7 +194,71 @@ class RadixflowFullComponent(FullComponent):
         self._walk = None
         self._mark = 0
         self._depths: dict[int, int] = {}
+        self._keys: dict[int, tuple] = {}  # trajectory keys by leaf id (SGLangTreeView.trajectory_key)
+        self._clock = 0  # one tick per access (a lock, an insert): our index's `now`, as a counter
+        self._leaf_seq = 0
         self.victims = 0  # leaves handed to the cache (tests read it)
+
+    # --------------------------------------------------------------- recency, leaf order
+    def next_leaf_seq(self) -> int:
+        self._leaf_seq += 1
+        return self._leaf_seq
+
+    def _stamp_path(self, node) -> None:
+        """Our `touch(node, now)`: the whole path to the root gets this access's tick."""
+        self._clock += 1
+        now = self._clock
+        root = self.tree_core.root_node
+        while node is not None and node is not root:
+            node.component_data[FULL].metadata[ACCESS] = now
+            node = node.parent
+
+    def acquire_component_lock(self, node, result, lock_host: bool = False):
+        result = super().acquire_component_lock(node, result, lock_host)
+        if not lock_host:
+            self._stamp_path(node)  # a request takes its hit: our `lock(node, now)`
+        return result
+
+    def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions) -> None:
+        super().commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
+        if is_new_leaf:
+            node.component_data[FULL].metadata[LEAF] = self.next_leaf_seq()
+            parent = node.parent
+            if parent is not None:
+                parent.component_data[FULL].metadata.pop(LEAF, None)  # not a leaf any more
+                self._forget_keys(parent)
+        self._stamp_path(node)  # our `insert(..., now)` then `touch(node, now)`
+
+    def redistribute_on_node_split(self, new_parent, child) -> None:
+        super().redistribute_on_node_split(new_parent, child)
+        stamp = child.component_data[FULL].metadata.get(ACCESS)
+        if stamp is not None:  # the prefix inherits the recency, the suffix keeps its own
+            new_parent.component_data[FULL].metadata[ACCESS] = stamp
+        self._forget_keys(new_parent)  # the chain through `child` may now start at a shorter key
+
+    def discard_deleted_session_leaf(self, node) -> None:
+        super().discard_deleted_session_leaf(node)
+        parent = node.parent  # SGLang deletes `node` from it right after this hook
+        self._keys.pop(node.id, None)
+        if parent is not None:
+            self._forget_keys(parent)
+            if parent is not self.tree_core.root_node and len(parent.children) == 1:
+                parent.component_data[FULL].metadata[LEAF] = self.next_leaf_seq()  # a leaf from now on
+
+    def _forget_keys(self, node) -> None:
+        """Drops the trajectory keys a change of `node`'s children can change: `node`'s own, and those
+        of the leaves that end the single-child chains below it (a chain starts where its parent has
+        more than one child, so only these can move)."""
+        keys = self._keys
+        if not keys:
+            return
+        keys.pop(node.id, None)
+        for child in node.children.values():
+            n = child
+            while len(n.children) == 1:
+                (n,) = n.children.values()
+            if not n.children:
+                keys.pop(n.id, None)
 
     def _evict_device_start(self, request_cnt: int) -> None:
         self._request = request_cnt
@@ -177,7 +275,7 @@ class RadixflowFullComponent(FullComponent):
                     return None
                 if len(self._depths) > 4 * len(self.tree_core._node_arena) + 64:
                     self._depths.clear()  # nodes SGLang deleted on its own paths
-                view = SGLangTreeView(self, depths=self._depths)
+                view = SGLangTreeView(self, depths=self._depths, keys=self._keys)
                 self._walk = self.policy.page_walk(view, need)
                 victim = next(self._walk)
             elif self._walk is None:
