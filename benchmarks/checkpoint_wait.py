@@ -25,7 +25,11 @@ from radixflow.cli import main as cli
 
 
 def run(model: str, extra: list[str], full: bool) -> dict:
+    """One `simulate` arm (radixflow) on the sample or the whole workload; `--handoff off` unless `extra`
+    names a mode: these rows are the wait rule's (docs/checkpoints.md), the default `auto` hands off."""
     sample = [] if full else ["--questions", "120", "--rate", "3", "--max-num-seqs", "16", "--order", "forward"]
+    if "--handoff" not in extra:
+        extra = [*extra, "--handoff", "off"]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "arm.json")
         with contextlib.redirect_stdout(io.StringIO()):

@@ -74,9 +74,10 @@ class Variant(CostModel):
 
 
 def config(model: str, args):
-    """The scheduler config `radixflow simulate` would build from these flags for this model."""
+    """The scheduler config `radixflow simulate` would build from these flags for this model, but
+    `--handoff off` unless given: the terms are fitted to the paper's and vLLM's runs, which wait."""
     spec = get_spec(model)
-    cfg = scheduler_config(args, spec.name)
+    cfg = scheduler_config(args, spec.name, **({} if args.handoff else {"handoff": "off"}))
     cfg.prefix_match_unit = args.prefix_match_unit
     cfg.vllm_version, cfg.mamba_cache_mode = args.vllm_version, args.mamba_cache_mode
     if args.eviction:

@@ -55,7 +55,7 @@ def paper_row(name, spec, gpu, block, questions, utilization, wait="grid"):
         recs = stream_records(qs, st, "forward", 3.0, 0, prefix=f"{st}:")
         parts.append([branch_from_record(r, st, 32000) for r in recs])
     cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8192, block_size=block, state_interval=block,
-                          eviction=name, checkpoints="branch", checkpoint_wait=wait)
+                          eviction=name, checkpoints="branch", checkpoint_wait=wait, handoff="off")
     setup = SimSetup(spec, gpu, cfg, gpu_memory_utilization=utilization)
     m, runs = run_arm(setup, get_arm("radixflow"), parts)
     costs = reuse_costs(spec, block)
@@ -100,12 +100,12 @@ def main() -> None:
         for name in policies:
             if trace == "multi-turn":
                 cfg = SchedulerConfig(max_num_seqs=a.chat_seqs, block_size=16, state_interval=512, eviction=name,
-                                      checkpoints="branch", num_kv_pages=a.chat_capacity // 16,
+                                      checkpoints="branch", handoff="off", num_kv_pages=a.chat_capacity // 16,
                                       num_state_slots=a.state_slots)
                 rows.append(sessions_row(name, spec, chat, cfg, gpu))
             elif trace == "agentic":
                 cfg = SchedulerConfig(max_num_seqs=16, block_size=16, state_interval=512, eviction=name,
-                                      checkpoints="branch", num_kv_pages=a.agent_capacity // 16,
+                                      checkpoints="branch", handoff="off", num_kv_pages=a.agent_capacity // 16,
                                       num_state_slots=a.agent_slots)
                 rows.append(sessions_row(name, spec, agents, cfg, gpu))
             else:

@@ -15,7 +15,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     c0 = time.process_time()
-    cli(["simulate", "--model", args.model, "--policy", args.policy])
+    cli(["simulate", "--model", args.model, "--policy", args.policy, "--handoff", "off"])  # the paper's arm
     print(f"one paper-shaped arm ({args.model}, {args.policy}): wall {time.perf_counter() - t0:.1f} s, "
           f"cpu {time.process_time() - c0:.1f} s")
 

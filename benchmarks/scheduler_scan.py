@@ -50,7 +50,8 @@ def make_prompts(n: int, group: int, doc_len: int = 1024) -> list[tuple[int, ...
 def _core(prompts, rule: str) -> tuple[Scheduler, float]:
     """A scheduler with every prompt added; µs per add() (arrival hashing, reuse between siblings)."""
     cfg = SchedulerConfig(max_num_seqs=S, max_num_batched_tokens=T, block_size=BLOCK, state_interval=512,
-                          num_kv_pages=1 << 20, num_state_slots=1 << 16)
+                          num_kv_pages=1 << 20, num_state_slots=1 << 16,
+                          handoff="off")  # the Blocked scan beside vLLM's, which cannot hand off
     s = Scheduler(cfg, RULES[rule], hybrid=True)
     branches = [Branch(f"q{i}", 0, p, namespace="bench") for i, p in enumerate(prompts)]
     t0 = time.process_time()

@@ -43,7 +43,7 @@ def compare(model: str, shape: str, questions: int, stream: str, rate: float, ga
     s, t = PAPER_BUDGETS.get(model, (16, 8192))
     setup = SimSetup(spec, get_gpu("a800"), SchedulerConfig(max_num_seqs=s, max_num_batched_tokens=t,
                                                               snapshot_mode="vllm-align",
-                                                              prefix_match_unit=unit))
+                                                              prefix_match_unit=unit, handoff="off"))
     branches = trace(shape, questions, stream, rate, gap, seed)
     arm = get_arm(arm_name)
     ours, _ = run_arm(setup, arm, [branches])

@@ -140,7 +140,8 @@ def replay_radixflow(branches: list[Branch], state_ready: bool, max_num_seqs: in
            else Arm("prefix-stop", Immediate(), PrefixStop()))
     cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           block_size=block_size, state_interval=block_size, num_kv_pages=32768,
-                          num_state_slots=32768, snapshot_mode=snapshot_mode)
+                          num_state_slots=32768, snapshot_mode=snapshot_mode,
+                          handoff="off")  # vLLM's scheduler cannot hand off: compared as it runs
     m = measure(arm.name, run_trace(Scheduler(cfg, arm, hybrid=True), _FixedStep(step_time_s), fresh_copies(branches)))
     return {"arm": f"rf {arm.name} {snapshot_mode}", "steps": m.rounds, "rows_per_step": m.rows_per_round,
             "tokens_per_step": m.tokens_per_round, "empty_row_slots": m.empty_slots, "reuse_pct": m.reuse_rate,

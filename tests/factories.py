@@ -29,3 +29,9 @@ def small_config(**kw) -> SchedulerConfig:
                 num_kv_pages=4096, num_state_slots=512)
     base.update(kw)
     return SchedulerConfig(**base)
+
+
+def wait_config(**kw) -> SchedulerConfig:
+    """small_config on the wait path: `--handoff off`, so a consumer whose state its same-round producer
+    writes is Blocked a round (SPEC §3, §12) instead of handed off (SPEC §15, the default `auto`)."""
+    return small_config(**{"handoff": "off", **kw})

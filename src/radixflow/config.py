@@ -61,11 +61,11 @@ class SchedulerConfig:
                                         "published state and the checkpoint) or when round t+1 runs anyway; "
                                         "N: also whenever the wait saves at least N tokens (64: more reuse, "
                                         "more rounds; docs/checkpoints.md)")
-    handoff: str = _opt("off", "hybrid models: in-forward state hand-off (SPEC §15). 'on': a Blocked consumer whose "
+    handoff: str = _opt("auto", "hybrid models: in-forward state hand-off (SPEC §15). 'on': a Blocked consumer whose "
                                "boundary lies inside a producer's fragment of the same round runs in that "
                                "forward as a dependent row, reading the producer's state at its depth; "
                                "'auto': hand-off, wait or recompute per consumer by the cost model; "
-                               "'off': wait a round, as before")
+                               "'off': wait a round, as before. Default auto")
     handoff_max_levels: int = _opt(2, "--handoff: most dependency levels in one forward (level 0 reads only "
                                       "published state)")
     num_kv_pages: int = _opt(1 << 20, "KV pool size in pages")

@@ -27,7 +27,9 @@ def _bench(tmp_path, model, policy, *extra):
 
 
 def test_hybrid_bench_fewer_rounds_same_reuse_same_tokens(tmp_path):
-    arms = _bench(tmp_path, "tiny-qwen3.5", "radix,radixflow")
+    # state-ready against prefix-stop on the wait path (--handoff off): under the default auto the
+    # Blocked siblings run as dependents under either rule (test_bench_compares_handoff_modes_on_one_trace)
+    arms = _bench(tmp_path, "tiny-qwen3.5", "radix,radixflow", "--handoff", "off")
     a, b = arms["radix"], arms["radixflow"]
     assert b["rounds"] < a["rounds"]
     assert abs(a["reuse_rate"] - b["reuse_rate"]) <= 0.03

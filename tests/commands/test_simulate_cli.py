@@ -16,6 +16,7 @@ def test_figure1_json_schema(tmp_path):
                 "latency_mean", "latency_p95", "first_selection_wait_mean", "host_time", "cost_per_round",
                 "lower_bound"):
         assert key in arms["radix"]
+    assert data["meta"]["handoff"] == "off"  # the paper's Figure 1 waits unless --handoff is given
     assert (arms["radix"]["rounds"], arms["radix"]["empty_slots"]) == (6, 9)
     assert (arms["radixflow"]["rounds"], arms["radixflow"]["empty_slots"]) == (4, 1)
     ci = arms["radixflow"]["cost_identity"]
@@ -70,13 +71,15 @@ def test_unknown_checkpoint_mode_is_refused():
 
 def test_checkpoint_wait_trades_rounds_for_reuse(tmp_path):
     """'grid' waits only where boundary mode waits too (or for free); 64 waits whenever it saves 64
-    tokens: more reuse, more rounds (the siblings of a question shorter than a block wait a round)."""
+    tokens: more reuse, more rounds (the siblings of a question shorter than a block wait a round). The
+    wait path: `--handoff off` (with the default auto those siblings are handed off instead)."""
     arms = {}
     for mode, wait in (("boundary", "grid"), ("branch", "grid"), ("branch", "64")):
         out = tmp_path / f"{mode}-{wait}.json"
         assert main(["simulate", "--model", "qwen3.5-4b", "--questions", "24", "--rate", "3", "--max-num-seqs", "16",
                      "--order", "forward", "--policy", "radixflow", "--block-size", "528", "--state-interval", "528",
-                     "--checkpoints", mode, "--checkpoint-wait", wait, "--check", "--json", str(out)]) == 0
+                     "--checkpoints", mode, "--checkpoint-wait", wait, "--handoff", "off", "--check", "--json",
+                     str(out)]) == 0
         arms[mode, wait] = json.loads(out.read_text())["arms"][0]
     boundary, grid, always = arms["boundary", "grid"], arms["branch", "grid"], arms["branch", "64"]
     assert boundary["reuse_rate"] + 5 < grid["reuse_rate"] < always["reuse_rate"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from factories import make_branches, small_config
+from factories import make_branches, small_config, wait_config
 from radixflow.core.batch import Batch, ExecResult, Sample
 from radixflow.core.branch import Branch
 from radixflow.core.policies import get_arm
@@ -184,13 +184,13 @@ def test_siblings_of_a_question_shorter_than_a_block_run_in_the_producers_round(
     def branches():
         return make_branches(2, doc_len=22, tail=3, same_doc=True, arrival_gap=1.0)
 
-    grid = _run(branches(), small_config(checkpoints="branch", state_interval=32))
+    grid = _run(branches(), wait_config(checkpoints="branch", state_interval=32))
     assert len(grid.rounds) == 2 and grid.blocked_total == 0
     # The producer's checkpoint is still taken: the next question on the document resumes there.
     assert _hits(grid) == {"r0": [0, 0, 0, 0], "r1": [22, 22, 22, 22]}
-    boundary = _run(branches(), small_config(checkpoints="boundary", state_interval=32))
+    boundary = _run(branches(), wait_config(checkpoints="boundary", state_interval=32))
     assert len(boundary.rounds) == 2 and _hits(boundary) == {"r0": [0] * 4, "r1": [0] * 4}
-    wait = _run(branches(), small_config(checkpoints="branch", state_interval=32, checkpoint_wait="1"))
+    wait = _run(branches(), wait_config(checkpoints="branch", state_interval=32, checkpoint_wait="1"))
     assert len(wait.rounds) == 3 and _hits(wait) == {"r0": [0, 22, 22, 22], "r1": [22, 22, 22, 22]}
     for s in (grid, boundary, wait):
         assert s.holds_nothing()
@@ -200,7 +200,7 @@ def test_siblings_wait_for_free_when_the_producer_runs_on():
     # The producer decodes two more tokens: round t+1 runs anyway, so its siblings resume at the branch point.
     branches = [Branch(b.request_id, b.index, b.prompt, b.namespace, b.arrival, max_new_tokens=3)
                 for b in make_branches(1, doc_len=20, tail=3)]
-    s = _run(branches, small_config(checkpoints="branch", state_interval=32))
+    s = _run(branches, wait_config(checkpoints="branch", state_interval=32))
     assert _hits(s) == {"r0": [0, 20, 20, 20]}
     assert s.blocked_total == 3 and s.holds_nothing()
 

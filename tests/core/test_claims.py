@@ -1,8 +1,10 @@
-"""A deferred branch keeps its claim across rounds (SPEC §12), and the waiting queue keeps priority order."""
+"""A deferred branch keeps its claim across rounds (SPEC §12), and the waiting queue keeps priority order.
+The claim is the wait path's: its tests run `--handoff off` (factories.wait_config), so the consumer
+is Blocked, not handed off (SPEC §15); the priority tests run the default."""
 
 import pytest
 
-from factories import small_config
+from factories import small_config, wait_config
 from radixflow.core.batch import ExecResult, Sample
 from radixflow.core.branch import Branch
 from radixflow.core.claims import Claims, finishes_next, finishes_now
@@ -44,7 +46,7 @@ def _pcd(priority: bool) -> list[Branch]:
 @pytest.mark.parametrize("priority", [False, True])
 @pytest.mark.parametrize("mode", ["every-boundary", "chunk-end"])
 def test_deferred_consumer_starts_in_round_2(priority, mode):
-    cfg = small_config(max_num_seqs=2, block_size=16, state_interval=16, snapshot_mode=mode)
+    cfg = wait_config(max_num_seqs=2, block_size=16, state_interval=16, snapshot_mode=mode)
     s = Scheduler(cfg, STATE_READY, hybrid=True)
     first = _run(s, _pcd(priority))
     assert s.blocked_total >= 1, "C was never Blocked: the example does not exercise the rule"
@@ -59,7 +61,7 @@ def test_pcd_matches_prefix_stop(priority):
     """The native rule starts C in round 2 too; state-ready is no worse in rounds."""
     runs = {}
     for arm in (STATE_READY, PREFIX_STOP):
-        cfg = small_config(max_num_seqs=2, block_size=16, state_interval=16)
+        cfg = wait_config(max_num_seqs=2, block_size=16, state_interval=16)
         s = Scheduler(cfg, arm, hybrid=True)
         runs[arm.name] = (_run(s, _pcd(priority)), len(s.rounds))
     assert runs["state-ready"][0]["C"] == runs["prefix-stop"][0]["C"] == 2
@@ -72,7 +74,7 @@ def test_a_branch_that_finishes_now_passes_a_full_reservation():
     branches = [Branch("P", 0, tokens_of([doc, Segment("p", 8)]), max_new_tokens=5),
                 Branch("C", 0, tokens_of([doc, Segment("c", 8)]), max_new_tokens=5),
                 Branch("Q", 0, tokens_of([Segment("q", 40)]), max_new_tokens=1)]
-    s = Scheduler(small_config(max_num_seqs=3, block_size=16, state_interval=16), STATE_READY, hybrid=True)
+    s = Scheduler(wait_config(max_num_seqs=3, block_size=16, state_interval=16), STATE_READY, hybrid=True)
     for b in branches:
         s.add(b)
     s.admit(1.0)
@@ -88,7 +90,7 @@ def test_a_branch_that_stays_is_held_back_until_it_fits():
                 Branch("C", 0, tokens_of([doc, Segment("c", 8)]), max_new_tokens=5),
                 Branch("Q", 0, tokens_of([Segment("q", 40)]), max_new_tokens=2)]
     for rows, admitted in ((2, ["P"]), (3, ["P", "Q"])):
-        s = Scheduler(small_config(max_num_seqs=rows, block_size=16, state_interval=16), STATE_READY, hybrid=True)
+        s = Scheduler(wait_config(max_num_seqs=rows, block_size=16, state_interval=16), STATE_READY, hybrid=True)
         for b in [Branch(b.request_id, 0, b.prompt, max_new_tokens=b.max_new_tokens) for b in branches]:
             s.add(b)
         s.admit(1.0)
@@ -107,8 +109,8 @@ def test_b_takes_only_a_branch_that_finishes_by_the_next_round(q_tokens, prompt_
     """(b) as in the vLLM plugin: admitted past D only if it is done by the end of D's round (t+1);
     one admitted a round early that runs on would stay a round ahead of the native order."""
     doc = Segment("doc", 64)
-    cfg = small_config(max_num_seqs=4, block_size=16, state_interval=16,
-                       max_num_batched_tokens=96 + 40 + 16 * bool(prompt_tail))
+    cfg = wait_config(max_num_seqs=4, block_size=16, state_interval=16,
+                      max_num_batched_tokens=96 + 40 + 16 * bool(prompt_tail))
     s = Scheduler(cfg, STATE_READY, hybrid=True)
     q = Branch("Q", 0, tokens_of([Segment("q", 40 + prompt_tail)]), max_new_tokens=q_tokens)
     for b in (Branch("P", 0, tokens_of([doc, Segment("p", 32)]), max_new_tokens=5),
@@ -136,7 +138,7 @@ def test_kv_reservation_holds_back_what_would_crowd_out_the_consumer():
     c = Branch("C", 0, tokens_of([doc, Segment("c", 64)]), max_new_tokens=2)
     q = Branch("Q", 0, tokens_of([Segment("q", 96)]), max_new_tokens=2)
     # P takes 8 pages (+1 for its decode), C needs 4 beyond its hit at t+1, Q would take 6 now.
-    s = Scheduler(small_config(max_num_seqs=4, block_size=16, state_interval=16, num_kv_pages=16),
+    s = Scheduler(wait_config(max_num_seqs=4, block_size=16, state_interval=16, num_kv_pages=16),
                   STATE_READY, hybrid=True)
     for b in (p, c, q):
         s.add(b)
@@ -202,8 +204,8 @@ def test_a_shared_byte_pool_is_reserved_in_bytes(budget, admitted):
     """Pages and slots are plentiful by count; only the unified byte budget binds. At 600 bytes Q
     (6 pages + a slot = 100 B) fits now but not beside C's t+1 fragment (4 pages + a slot = 80 B)."""
     doc = Segment("doc", 64)
-    cfg = small_config(max_num_seqs=4, block_size=16, state_interval=16, num_kv_pages=64, num_state_slots=64,
-                       cache_memory_bytes=budget, kv_page_bytes=10, state_slot_bytes=40)
+    cfg = wait_config(max_num_seqs=4, block_size=16, state_interval=16, num_kv_pages=64, num_state_slots=64,
+                      cache_memory_bytes=budget, kv_page_bytes=10, state_slot_bytes=40)
     s = Scheduler(cfg, STATE_READY, hybrid=True)
     q = Branch("Q", 0, tokens_of([Segment("q", 96)]), max_new_tokens=2)
     for b in (Branch("P", 0, tokens_of([doc, Segment("p", 64)]), max_new_tokens=2),

@@ -7,9 +7,11 @@ from radixflow.workloads.figure1 import FIGURE1_BUDGETS, figure1_records
 from radixflow.workloads.trace import branch_from_record
 
 
-def _run(arm: str, model: str = "qwen3.5-0.8b"):
+def _run(arm: str, model: str = "qwen3.5-0.8b", handoff: str = "off"):
+    """The paper's Figure 1 runs the wait path (`--handoff off`): its 6 / 4 rounds are the paper's."""
     brs = [branch_from_record(r) for r in figure1_records()]
-    setup = SimSetup(get_spec(model), get_gpu("a800"), SchedulerConfig(**FIGURE1_BUDGETS), check=True)
+    setup = SimSetup(get_spec(model), get_gpu("a800"), SchedulerConfig(**FIGURE1_BUDGETS, handoff=handoff),
+                     check=True)
     return run_arm(setup, get_arm(arm), [brs])
 
 
@@ -46,3 +48,11 @@ def test_merged_latency_percentiles_pool_the_requests():
     pooled = a.latencies + b.latencies
     assert m.latency_p95 == percentile(pooled, 0.95) and m.latency_mean == sum(pooled) / 40
     assert "latencies" not in m.to_dict()
+
+
+def test_figure1_with_handoff_on_both_arms_reach_the_lower_bound():
+    """SPEC §15: each consumer runs beside its producer, so even prefix-stop meets the bound, nothing Blocked."""
+    for arm in ("radix", "radixflow"):
+        m, _ = _run(arm, handoff="on")
+        assert (m.fragments, m.tokens, m.rounds, m.blocked_deferrals) == (15, 12970, 4, 0)
+        assert m.rounds == m.lower_bound

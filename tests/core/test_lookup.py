@@ -3,7 +3,7 @@
 import copy
 from unittest import mock
 
-from factories import make_branches, small_config
+from factories import make_branches, small_config, wait_config
 from radixflow.cache.radix import chain_hashes
 from radixflow.core.batch import ExecResult, Sample
 from radixflow.core.lookup import BlockedGroups, common_pages
@@ -38,7 +38,8 @@ def test_arrival_hashes_equal_a_fresh_hash_chain():
 
 
 def _fan(n: int):
-    cfg = small_config(max_num_seqs=8, block_size=16, state_interval=64, max_num_batched_tokens=1 << 16)
+    """n branches on one 256-token document; the wait path (--handoff off): the rest are Blocked on the first."""
+    cfg = wait_config(max_num_seqs=8, block_size=16, state_interval=64, max_num_batched_tokens=1 << 16)
     s = Scheduler(cfg, get_arm("radixflow"), hybrid=True)
     for b in make_branches(n // 4, doc_len=256, same_doc=True):
         s.add(b)

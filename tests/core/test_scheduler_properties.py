@@ -1,12 +1,15 @@
-"""Property tests of the scheduler's guarantees (SPEC §5) over random workloads and budgets."""
+"""Property tests of the scheduler's guarantees (SPEC §5) over random workloads and budgets. The batch
+comparisons (prefix-stop ⊆ state-ready, Blocked groups) are the wait path's (`--handoff off`); with
+dependents they are restated in test_handoff.py."""
 
 import copy
 from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_handoff import assert_dependents_sound
 
-from factories import small_config
+from factories import small_config, wait_config
 from radixflow.core.batch import Batch, ExecResult, Outcome, Sample
 from radixflow.core.branch import Branch
 from radixflow.core.lookup import BlockedGroups
@@ -78,8 +81,9 @@ def _assert_feasible(s: Scheduler, batch: Batch) -> None:
         crosses = f.end // cfg.state_interval > f.start // cfg.state_interval
         if s.hybrid and cfg.snapshot_mode == "chunk-end" and crosses:
             assert f.end % cfg.state_interval == 0, "chunk-end mode: a chunk crossing a boundary must end on it"
-        if s.hybrid and f.start > 0 and f.first:
+        if s.hybrid and f.start > 0 and f.first and f.after is None:  # a dependent reads its producer's
             assert f.state_in is not None, "hybrid row resumed without a state"
+    assert_dependents_sound(s, batch)
 
 
 def _drive(branches, arm, cfg, hybrid, per_round=None):
@@ -121,9 +125,9 @@ def _drive(branches, arm, cfg, hybrid, per_round=None):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(), budgets, st.sampled_from(list(ARMS)), st.booleans())
-def test_every_branch_finishes_once_and_nothing_is_held(branches, budget, arm, hybrid):
-    s = _drive(branches, arm, small_config(**budget), hybrid)
+@given(workloads(), budgets, st.sampled_from(list(ARMS)), st.booleans(), st.sampled_from(["off", "auto"]))
+def test_every_branch_finishes_once_and_nothing_is_held(branches, budget, arm, hybrid, handoff):
+    s = _drive(branches, arm, small_config(**budget, handoff=handoff), hybrid)
     assert len(s.finished) == len(branches)
     assert len({b.uid for b in s.finished}) == len(branches)
     assert all(b.finish_reason in ("length", "stop") for b in s.finished)
@@ -135,7 +139,7 @@ def test_every_branch_finishes_once_and_nothing_is_held(branches, budget, arm, h
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), budgets, st.booleans())
 def test_prefix_stop_batch_is_subset_of_state_ready_and_no_avoidable_bubble(branches, budget, hybrid):
-    cfg = small_config(**budget)
+    cfg = wait_config(**budget)
     checked = []
 
     def compare(s: Scheduler, now: float) -> None:
@@ -180,7 +184,7 @@ def test_group_runs_decide_as_a_lookup_per_branch_on_a_fan_and_groups():
     for i in range(60):
         fan.append(Branch(f"f{i}", 0, tokens_of([doc, Segment(f"t{i}", 8)]), max_new_tokens=2))
         groups.append(Branch(f"g{i}", 0, tokens_of([Segment(f"doc{i // 4}", 96), Segment(f"u{i}", 8)])))
-    cfg = small_config(max_num_seqs=4, max_num_batched_tokens=256, block_size=4, state_interval=16)
+    cfg = wait_config(max_num_seqs=4, max_num_batched_tokens=256, block_size=4, state_interval=16)
     for branches, long_run in ((fan, 40), (groups, 3)):
         runs = []
         for shortcut in (True, False):

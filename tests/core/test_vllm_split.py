@@ -52,9 +52,11 @@ def _run(branches, internal: bool, arm="radix", unit: int = 0):
 
 def run_align(branches, arm: str = "radix", tokens: int = 1024, **config):
     """Runs `branches` in vllm-align mode on B-token blocks; check_integrity() after every round.
-    Returns the scheduler and every row as (key, start, tokens, depths of its state captures)."""
+    Returns the scheduler and every row as (key, start, tokens, depths of its state captures). The rows
+    are vLLM's: `--handoff off` unless `config` says otherwise (vLLM's scheduler cannot hand off)."""
     cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=tokens, block_size=B, state_interval=B,
-                          snapshot_mode="vllm-align", num_kv_pages=512, num_state_slots=256, **config)
+                          snapshot_mode="vllm-align", num_kv_pages=512, num_state_slots=256,
+                          **{"handoff": "off", **config})
     sched = Scheduler(cfg, get_arm(arm), hybrid=True)
     frags = []
 

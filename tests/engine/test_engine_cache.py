@@ -25,9 +25,10 @@ def loaded(request):
     return request.param, load_model(resolve_model(request.param))
 
 
-def _engine(name, loaded, policy="radixflow", caching=True, memory=64 << 20, S=8, T=512, max_len=1024):
+def _engine(name, loaded, policy="radixflow", caching=True, memory=64 << 20, S=8, T=512, max_len=1024,
+            handoff="auto"):
     sc = SchedulerConfig(max_num_seqs=S, max_num_batched_tokens=T, block_size=16, state_interval=64,
-                         enable_prefix_caching=caching)
+                         enable_prefix_caching=caching, handoff=handoff)
     return Engine(EngineConfig(model=name, policy=policy, scheduler=sc, kv_cache_memory=memory, max_model_len=max_len),
                   loaded=loaded, keep_logits=True)
 
@@ -37,7 +38,8 @@ def _prompt(rng, n):
     return [rng.randrange(256) for _ in range(n)]
 
 
-def test_hit_gives_the_same_logits_as_cold(loaded):
+@pytest.mark.parametrize("handoff", ["off", "auto"])
+def test_hit_gives_the_same_logits_as_cold(loaded, handoff):
     name, lm = loaded
     rng = random.Random(0)
     doc = _prompt(rng, 200)
@@ -51,7 +53,7 @@ def test_hit_gives_the_same_logits_as_cold(loaded):
         drain(cold)
     cold_logits = [b.user_data.prompt_logits for b in cold.scheduler.finished]
 
-    warm = _engine(name, lm)
+    warm = _engine(name, lm, handoff=handoff)
     warm.add([warm.make_branch("w", i, doc + t, greedy) for i, t in enumerate(tails)])
     rounds = drain(warm)
     hits = sorted(warm.scheduler.finished, key=lambda b: b.index)
@@ -60,8 +62,10 @@ def test_hit_gives_the_same_logits_as_cold(loaded):
         # Full attention: siblings read the producer's pages in the same round they are written.
         first = rounds[0]
         assert first.num_rows == 4 and sum(1 for f in first.fragments if f.start > 0) == 3
-    else:
+    elif handoff == "off":  # the siblings wait a round and resume from the published snapshot
         assert warm.scheduler.blocked_total > 0 and len(rounds) >= 2
+    else:  # the default: they run in the producer's forward as its dependents (SPEC §15)
+        assert warm.handoff_rows == 3 and warm.scheduler.blocked_total == 0
     for b, ref in zip(hits, cold_logits):
         torch.testing.assert_close(b.user_data.prompt_logits, ref, atol=1e-5, rtol=1e-5)
     assert warm.scheduler.holds_nothing()

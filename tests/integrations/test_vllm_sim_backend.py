@@ -25,9 +25,11 @@ def _trace(shape, questions: int, stream: str, rate: float, gap: float = 0.0005)
 
 
 def _both(model, shape, stream, rate, arm, **cfg):
-    """One small trace through radixflow's scheduler (vllm-align) and through vLLM's."""
+    """One small trace through radixflow's scheduler (vllm-align, `--handoff off`: vLLM's scheduler cannot
+    hand off) and through vLLM's."""
     load_harness()
-    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8192, snapshot_mode="vllm-align", **cfg)
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=8192, snapshot_mode="vllm-align",
+                          **{"handoff": "off", **cfg})
     setup = SimSetup(get_spec(model), get_gpu("a800"), cfg, check=True)
     branches = _trace(shape, 12, stream, rate)
     ours, _ = run_arm(setup, get_arm(arm), [branches])
@@ -122,6 +124,9 @@ def test_simulate_with_vllm_scheduler_writes_the_same_json(tmp_path, capsys):
     assert main(args) == 0
     ours = json.loads(out.read_text())
     assert theirs["meta"]["scheduler"] == "vllm" and theirs["meta"]["block_size"] == 1312
+    assert theirs["meta"]["handoff"] == "off" and ours["meta"]["handoff"] == "auto"  # vLLM's waits; ours defaults
+    assert main([*args, "--handoff", "off"]) == 0  # radixflow's scheduler on vLLM's wait path: the same rows
+    ours = json.loads(out.read_text())
     for a, b in zip(ours["arms"], theirs["arms"]):
         assert a.keys() == b.keys()
         assert (a["rounds"], a["fragments"], a["cached_tokens"]) == (b["rounds"], b["fragments"], b["cached_tokens"])

@@ -20,15 +20,21 @@ def test_the_sweep_has_every_kind_and_enough_configs():
 
 @pytest.mark.parametrize("key", PICKED, ids=[f"{n}-{s}" for n, s in PICKED])
 def test_radixflow_never_loses_to_radix(key):
-    res = run_config(BY_KEY[key], check=True)
+    res = run_config(BY_KEY[key], check=True)  # --handoff off: the claim's wait path (SPEC §12)
     assert check(res) == []
     if key[0].startswith(("decode-kv80", "long-doc")):
         assert res["radix"].preemptions > 0, "the KV-tight config no longer preempts: it tests nothing"
     assert res["radixflow"].deferrals > 0, "nothing was Blocked: the config does not exercise the claim"
 
 
+@pytest.mark.parametrize("key", PICKED, ids=[f"{n}-{s}" for n, s in PICKED])
+def test_radixflow_never_loses_to_radix_with_handoff_auto(key):
+    """The default: the same bounds hold with dependents (SPEC §15)."""
+    assert check(run_config(BY_KEY[key], check=True, handoff="auto")) == []
+
+
 def test_the_burst_keeps_its_round_reduction():
-    res = run_config(BY_KEY[("burst-1tok", 0)])
+    res = run_config(BY_KEY[("burst-1tok", 0)])  # the wait path: with hand-off both arms take 16 rounds
     assert res["radixflow"].rounds <= 0.6 * res["radix"].rounds
 
 

@@ -88,11 +88,15 @@ def scheduler_config(args, model_name: str = "", default_budget: tuple[int, int]
                      **fixed) -> SchedulerConfig:
     """The SchedulerConfig of the flags: every SchedulerConfig field the command has a flag for (dest =
     field name) is read, None meaning the default; S and T default to the paper's budgets of
-    `model_name` (figure1: its own); `fixed` overrides. Validated (ValueError naming the flag)."""
+    `model_name` (figure1: its own); --handoff defaults to `off` for --workload figure1 (the paper's
+    rounds) and --scheduler vllm (vLLM cannot hand off), else to SchedulerConfig's (auto); `fixed`
+    overrides. Validated (ValueError naming the flag)."""
     s, t = PAPER_BUDGETS.get(model_name, default_budget)
     if getattr(args, "workload", None) == "figure1":
         s, t = FIGURE1_BUDGETS["max_num_seqs"], FIGURE1_BUDGETS["max_num_batched_tokens"]
     values = {"max_num_seqs": s, "max_num_batched_tokens": t}
+    if getattr(args, "workload", None) == "figure1" or getattr(args, "scheduler", "radixflow") == "vllm":
+        values["handoff"] = "off"  # the paper's Figure 1 and vLLM's own Scheduler wait; a --handoff given wins
     values.update({k: getattr(args, k) for k in _SCHEDULER_FIELDS if getattr(args, k, None) is not None})
     values.update(fixed)
     cfg = SchedulerConfig(**values)

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from radixflow.commands import flags
 from radixflow.commands.common import Plan, run_meta
 from radixflow.commands.flags import names_list, positive_int
+from radixflow.config import SchedulerConfig, help_of
 from radixflow.core.policies import ARMS
 from radixflow.integrations.vllm.sim_backend import SCHEDULERS, arm_runner
 from radixflow.report.experiment import PRESETS, preset, run_experiment, sim_setup
@@ -53,7 +54,8 @@ def add_arguments(p) -> None:
                    "multi-turn cell (the figure-1 toy instance keeps its own boundaries)")
     flags.add(p, "--checkpoint-wait", default=None)
     flags.add(p, "--handoff", default=None,
-              help=flags.FLAGS["--handoff"]["help"] + " (default: the preset's, off); every QA cell")
+              help=help_of(SchedulerConfig, "handoff") + " for SchedulerConfig; here the preset's, off (the paper's "
+                   "arms); every QA cell")
     flags.add(p, "--handoff-max-levels", default=None)
     p.add_argument("--branch-gap", type=flags.non_negative_float, default=None,
                    help="mean seconds between a question's branches (default: the preset's, 0.0005)")

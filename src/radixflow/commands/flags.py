@@ -213,7 +213,10 @@ FLAGS: dict[str, dict] = {
     "--snapshot-mode": _sched("snapshot_mode", default="every-boundary", choices=SNAPSHOT_MODES),
     "--checkpoints": _sched("checkpoints", default="boundary", choices=CHECKPOINT_MODES),
     "--checkpoint-wait": _sched("checkpoint_wait", type=checkpoint_wait, default="grid"),
-    "--handoff": _sched("handoff", default="off", choices=HANDOFF_MODES),
+    # None: SchedulerConfig's default (auto), or off where the run is the wait path's (common.scheduler_config)
+    "--handoff": {**_sched("handoff", default=None, choices=HANDOFF_MODES),
+                  "help": help_of(SchedulerConfig, "handoff") + " (off where not given: --workload figure1, the "
+                                                                 "paper's rounds; --scheduler vllm, which cannot)"},
     "--handoff-max-levels": _sched("handoff_max_levels", type=positive_int, default=2),
     "--prefix-match-unit": _sched("prefix_match_unit", type=non_negative_int, default=0),
     "--vllm-version": _sched("vllm_version", default="0.33", choices=VLLM_VERSIONS),

@@ -98,11 +98,13 @@ class ArmResult:
 
 
 def run_config(c: SweepConfig, model: str = "qwen3.5-0.8b", gpu: str = "a800",
-               check: bool = False) -> dict[str, ArmResult]:
-    """Both arms on the config's trace (fresh cache each); `check`: check_integrity() every round."""
+               check: bool = False, handoff: str = "off") -> dict[str, ArmResult]:
+    """Both arms on the config's trace (fresh cache each); `check`: check_integrity() every round.
+    `handoff` (SPEC §15) for both arms: `off` by default, since the claim under test is the wait path's
+    (a deferred branch, SPEC §12); `auto` checks the same bounds with dependents."""
     cfg = SchedulerConfig(max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
                           block_size=c.block_size, state_interval=c.state_interval, snapshot_mode=c.snapshot_mode,
-                          num_kv_pages=c.num_kv_pages, num_state_slots=4096)
+                          num_kv_pages=c.num_kv_pages, num_state_slots=4096, handoff=handoff)
     setup = SimSetup(get_spec(model), get_gpu(gpu), cfg, size_pools=False, check=check)
     trace = workload(c)
     out = {}
