@@ -42,7 +42,7 @@ SHARED = {
     "checkpoints": Shared(("branch",), "everywhere", "checkpoints", sched="checkpoints"),
     "checkpoint_wait": Shared(("64",), "sometimes", "checkpoint_wait", sched="checkpoint_wait",
                               extra=("--checkpoints", "branch")),
-    "handoff": Shared(("on",), "maybe", "handoff", sched="handoff"),
+    "handoff": Shared(("on", "off"), "maybe", "handoff", sched="handoff"),  # trace: off alone
     "handoff_max_levels": Shared(("3",), "0", "handoff_max_levels", sched="handoff_max_levels", expect=3,
                                  extra=("--handoff", "on")),
     "eviction": Shared(("flop-aware",), "fifo", "eviction", sched="eviction"),

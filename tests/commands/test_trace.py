@@ -82,3 +82,13 @@ def test_branch_checkpoints_give_exact_hits_with_16_token_pages(tmp_path, capsys
     assert hits["boundary"] == [0, 416, 656, 880, 1120, 416]
     assert hits["branch"] == [0, 430, 660, 890, 1120, 430]
     assert "ckpt missing" in capsys.readouterr().out
+
+
+def test_trace_refuses_a_handoff_it_cannot_run_and_records_off(tmp_path, capsys):
+    from radixflow.cli import main
+
+    assert main(["trace", "multi-turn", "--handoff", "auto"]) == 2
+    assert "argument --handoff: invalid choice: 'auto'" in capsys.readouterr().err
+    out = tmp_path / "t.json"
+    assert main(["trace", "multi-turn", "--turns", "2", "--handoff", "off", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["meta"]["handoff"] == "off"

@@ -35,6 +35,9 @@ def add_arguments(p) -> None:
     flags.add(p, "--state-interval",
               help="hybrid models: a state snapshot every this many tokens (and one at each turn's end)")
     flags.add(p, "--checkpoints")
+    flags.add(p, "--handoff", choices=["off"],
+              help="only 'off': the replay runs one row per round, so no row has a same-forward producer to hand "
+                   "off from (SPEC §15)")
     flags.add(p, "--json", help="write the trace here")
     flags.remember_defaults(p)
 
@@ -44,7 +47,7 @@ def plan(args) -> Plan:
     spec = get_spec(args.model)
     cfg = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=max(8192, args.state_interval),
                           block_size=args.block_size, state_interval=args.state_interval,
-                          checkpoints=args.checkpoints)
+                          checkpoints=args.checkpoints, handoff="off")
     cfg.validate()
     meta = run_meta("trace", cfg, model=spec.name, kind=args.kind, system=args.system, user=args.user,
                     assistant=args.assistant, turns=args.turns, variants=list(args.variant))
