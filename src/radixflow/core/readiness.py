@@ -17,7 +17,7 @@ from radixflow.cache.radix import Boundary, Match, Node, RadixIndex, chain_hashe
 from radixflow.core.batch import Outcome
 from radixflow.core.branch import Branch
 from radixflow.core.claims import Claims, finishes_now
-from radixflow.core.handoff import RECOMPUTE, WAIT, Forward, HandoffCosts, choose
+from radixflow.core.handoff import HANDOFF, RECOMPUTE, WAIT, Forward, HandoffCosts, choose
 from radixflow.core.rules import Rules
 from radixflow.core.track import Plan
 
@@ -197,7 +197,7 @@ class Readiness:
                             forward.sharers(b) if new_level else 1)
             if choice == RECOMPUTE:
                 forward.spent += (d - bd.ready) * self.handoff_costs.token
-            if choice != "handoff":
+            if choice != HANDOFF:
                 return choice
         if frag and n < r.chunk(d, b.num_tokens, self.config.max_num_batched_tokens, b, junction):
             return None
