@@ -294,11 +294,10 @@ class StateReadyMixin:
             threshold = max(threshold, self.scheduler_config.max_num_batched_tokens // num_eligible)
         return threshold
 
-    def _next_chunk(self, request: Request, offset: int, remaining: int, budget: int, running: bool,
-                    prefill: bool = True) -> int:
+    def _next_chunk(self, request: Request, offset: int, remaining: int, budget: int, running: bool) -> int:
         # The tokens vLLM gives a request at the next step, `offset` tokens past its computed count
-        # now, `remaining` left, `budget` tokens left in that step: the same caps in the same order as
-        # its running loop (running) or waiting loop; `prefill=False` for a decode of 1 + N tokens.
+        # now, `remaining` left (a decode: 1 + N), `budget` tokens left in that step: the same caps in
+        # the same order as its running loop (running) or waiting loop.
         tokens = remaining
         if 0 < self._next_threshold < tokens:
             tokens = self._next_threshold
@@ -310,10 +309,11 @@ class StateReadyMixin:
             return 0
         if self.need_mamba_block_aligned_split:
             tokens = self._mamba_block_aligned_split(request, tokens, offset)
-        if prefill and 0 < remaining - tokens < self.num_prefill_lookahead:
+        rest = request.num_tokens - request.num_computed_tokens - offset - tokens
+        if 0 < rest < self.num_prefill_lookahead:
             # vLLM's `_reserve_prefill_lookahead` (multi-module MTP): no chunk ends in the last
             # `num_prefill_lookahead` prompt tokens.
-            tokens = max(tokens - (self.num_prefill_lookahead - (remaining - tokens)), 0)
+            tokens = max(tokens - (self.num_prefill_lookahead - rest), 0)
         return tokens
 
     def _length_cap(self, request: Request) -> int:
@@ -427,7 +427,7 @@ class StateReadyMixin:
         elif self.num_spec_tokens:
             # It samples now and decodes at t+1 with the drafts proposed after this step.
             decode = self._next_chunk(request, end - request.num_computed_tokens, 1 + self.num_spec_tokens,
-                                      budget, running=True, prefill=False)
+                                      budget, running=True)
         return next_step_share(
             remaining_after=remaining,
             outputs_after=outputs,

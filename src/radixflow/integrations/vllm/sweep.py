@@ -177,7 +177,8 @@ def sweep_configs() -> list[SweepConfig]:
 def spec_configs(spec_tokens: list[int]) -> list[SweepConfig]:
     """Speculative-decoding configs for each N: sync and async, each with the decode-heavy shape (ngram
     drafts, 120 blocks; EAGLE drafts with N lookahead slots, 80 blocks), a KV-tight pool with preemption
-    (EAGLE, 64 blocks) and the paper's multi-candidate QA shape (qa1tok, S = 16, EAGLE): 8 per N."""
+    (EAGLE, 64 blocks), a tight token budget where the drafts take a visible share of it (T = 64,
+    documents 40-120, ngram) and the paper's multi-candidate QA shape (qa1tok, S = 16, EAGLE): 10 per N."""
     configs = []
     for n in spec_tokens:
         for async_scheduling in (False, True):
@@ -190,6 +191,8 @@ def spec_configs(spec_tokens: list[int]) -> list[SweepConfig]:
                             **common),
                 SweepConfig(f"spec{n}-{mode}-eagle-kvtight-kv64", num_gpu_blocks=64, spec_method="eagle", seed=2,
                             **common),
+                SweepConfig(f"spec{n}-{mode}-ngram-tightT64", max_num_batched_tokens=64, doc_len=(40, 120),
+                            num_gpu_blocks=200, spec_method="ngram", seed=2, **common),
                 SweepConfig(f"spec{n}-{mode}-eagle-qa1tok-S16", output_len=(1, 1), max_num_seqs=16,
                             max_num_batched_tokens=2048, questions=12, spec_method="eagle", seed=0, **common),
             ]
