@@ -12,7 +12,7 @@ import copy
 import random
 
 import pytest
-from vllm_factories import load_harness
+from vllm_factories import add_all, load_harness, native_view, random_groups
 
 harness = load_harness()
 
@@ -138,6 +138,31 @@ def test_a_speculative_config_the_claim_cannot_model_is_refused_by_name(monkeypa
     harness.build_scheduler(setup)
     assert not harness.build_scheduler(harness.SchedulerSetup(**{**setup.__dict__, "plugin": True,
                                                                   "hybrid": False})).state_ready
+
+
+def test_with_drafts_from_the_same_state_the_plugin_batch_contains_the_native_batch():
+    deferrals = 0
+    for seed in range(12):
+        rng = random.Random(500 + seed)
+        setup = harness.SchedulerSetup(
+            block_size=BS, num_gpu_blocks=400, plugin=True, max_num_seqs=rng.choice([4, 8]),
+            max_num_batched_tokens=rng.choice([96, 128, 512]), spec_method="ngram",
+            num_spec_tokens=rng.choice([1, 3]), spec_seed=seed)
+        scheduler = harness.build_scheduler(setup)
+        add_all(harness, scheduler, random_groups(rng, BS), BS, max_tokens=rng.choice([2, 8, 20]))
+        for _ in range(400):
+            if not scheduler.has_requests():
+                break
+            native = native_view(scheduler).schedule().num_scheduled_tokens
+            step = harness.run_step(scheduler)
+            # Requests native scheduled get the same tokens: the rule only adds rows behind them.
+            assert {r: step.num_scheduled_tokens.get(r) for r in native} == native
+            assert step.rows <= scheduler.max_num_running_reqs
+            assert step.tokens <= scheduler.max_num_scheduled_tokens
+        assert not scheduler.has_requests()
+        assert harness.count_free_blocks(scheduler) == harness.usable_blocks(scheduler)
+        deferrals += scheduler.num_blocked_deferrals
+    assert deferrals >= 10  # 14 with these seeds: the rule was exercised
 
 
 SMOKE = [c for c in spec_configs([1, 3]) if c.name in (
