@@ -162,7 +162,7 @@ def test_with_drafts_from_the_same_state_the_plugin_batch_contains_the_native_ba
         assert not scheduler.has_requests()
         assert harness.count_free_blocks(scheduler) == harness.usable_blocks(scheduler)
         deferrals += scheduler.num_blocked_deferrals
-    assert deferrals >= 10  # 14 with these seeds: the rule was exercised
+    assert deferrals >= 10  # 13 with these seeds: the rule was exercised
 
 
 SMOKE = [c for c in spec_configs([1, 3]) if c.name in (
