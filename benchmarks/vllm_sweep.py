@@ -7,8 +7,13 @@ RACE-M-shaped 256-question burst (all arrivals at 0, S = 16, T = 8192): steps na
 reduction (>= 40 % required).
 
     python benchmarks/vllm_sweep.py [--only NAME_SUBSTRING] [--skip-race] [--seeds 10,11,12,13]
+                                    [--spec-tokens 1,3]
 
 `--seeds` reruns every selected config with each of the given seeds instead of its own (held-out runs).
+`--spec-tokens` adds the speculative-decoding configs (`sweep.spec_configs`: for each N, sync and async,
+ngram and EAGLE drafts, decode-heavy, KV-tight and the paper's QA shape; seeded draft acceptance, the
+same draws in both arms). The last lines count the configs that break a limit and those where the plugin
+is worse than native at all in steps, hit tokens or last finish.
 
 vLLM prints CPU-platform notices on stderr; the tables are on stdout.
 """
@@ -31,21 +36,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-race", action="store_true", help="skip the 256-question RACE-M burst")
     p.add_argument("--race-questions", type=int, default=256)
     p.add_argument("--seeds", default="", help="comma-separated seeds to rerun each config with (held-out runs)")
+    p.add_argument("--spec-tokens", default="",
+                   help="comma-separated num_speculative_tokens values (>= 1): add speculative-decoding configs")
     args = p.parse_args(argv)
-    from radixflow.integrations.vllm.sweep import run_config, sweep_configs, with_seed
-
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
-    configs = [c for c in sweep_configs() if args.only in c.name]
+    try:
+        spec_tokens = [int(s) for s in args.spec_tokens.split(",") if s.strip()]
+    except ValueError:
+        spec_tokens = [0]
+    if any(n < 1 for n in spec_tokens):
+        p.error(f"--spec-tokens must be comma-separated integers >= 1, got {args.spec_tokens!r}")
+    from radixflow.integrations.vllm.sweep import run_config, spec_configs, sweep_configs, with_seed
+
+    configs = [c for c in sweep_configs() + spec_configs(spec_tokens) if args.only in c.name]
     if seeds:
         configs = [with_seed(c, s) for c in configs for s in seeds]
 
-    cols = f"{'config':<28} {'steps n/p':>11} {'hits n/p':>11} {'finish n/p':>11} {'preempt n/p':>11} " \
+    cols = f"{'config':<32} {'steps n/p':>11} {'hits n/p':>11} {'finish n/p':>11} {'preempt n/p':>11} " \
            f"{'defer':>6} {'steps':>6} {'hits':>6} {'finish':>6}  ok"
     print(cols)
-    failures = 0
+    failures = worse = 0
     for config in configs:
         native, plugin = run_config(config, plugin=False), run_config(config, plugin=True)
         r_steps = plugin.steps / native.steps
@@ -53,11 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         r_finish = plugin.last_finish_step / native.last_finish_step
         ok = r_steps <= LIMITS["steps"] and r_hits >= LIMITS["hits"] and r_finish <= LIMITS["finish"]
         failures += not ok
+        worse += (plugin.steps > native.steps or plugin.hit_tokens < native.hit_tokens
+                  or plugin.last_finish_step > native.last_finish_step)
         pairs = " ".join(f"{getattr(native, f):>5}/{getattr(plugin, f):<5}"
                          for f in ("steps", "hit_tokens", "last_finish_step", "preemptions"))
-        print(f"{config.name:<28} {pairs} {plugin.deferrals:>6} {r_steps:>6.3f} {r_hits:>6.3f} {r_finish:>6.3f}  "
+        print(f"{config.name:<32} {pairs} {plugin.deferrals:>6} {r_steps:>6.3f} {r_hits:>6.3f} {r_finish:>6.3f}  "
               f"{'yes' if ok else 'NO'}")
-    print(f"configs failing a limit: {failures} of {len(configs)}")
+    print(f"{failures} of {len(configs)} configs break a limit")
+    print(f"{worse} of {len(configs)} configs have the plugin worse than native in steps, hit tokens or last finish")
     if not args.skip_race:
         from vllm_replay import qa_branches, replay_vllm
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from radixflow.integrations.vllm.compat import (
     SUPPORTED_VLLM_VERSION,
+    UnsupportedSpeculativeConfigError,
     UnsupportedVllmError,
     installed_vllm_version,
     require_supported_vllm,
@@ -22,6 +23,7 @@ __all__ = [
     "SUPPORTED_VLLM_VERSION",
     "StateReadyAsyncScheduler",
     "StateReadyScheduler",
+    "UnsupportedSpeculativeConfigError",
     "UnsupportedVllmError",
     "installed_vllm_version",
     "require_supported_vllm",

@@ -40,6 +40,7 @@ def next_step_share(
     next_chunk: int,
     chunk_cap: int,
     rows_outlive_finish: bool,
+    decode_tokens: int = 1,
 ) -> NextStepShare:
     """The next-step share of a request scheduled (or not) in this step.
 
@@ -49,7 +50,10 @@ def next_step_share(
     loop will give it at the next step (its remainder capped by `long_prefill_token_threshold`, the
     token budget and the Mamba block alignment, as `scheduler.py` computes it); `chunk_cap`: the same
     caps before the alignment. `rows_outlive_finish`: async scheduling, where a finished request is
-    still in `running` when the next step is scheduled.
+    still in `running` when the next step is scheduled. `decode_tokens`: what a request that samples
+    in this step and goes on asks for at the next step (1, or 1 + N draft tokens under speculative
+    decoding, capped as vLLM's running loop caps it); `outputs_after` then counts only the outputs it
+    is sure of (drafts may all be rejected).
     """
     if remaining_after > 0:
         # An unfinished prompt (no output yet) finishes next step if its whole remainder is one chunk
@@ -61,7 +65,7 @@ def next_step_share(
         return NextStepShare(1, next_chunk, False, last)
     if outputs_after >= max_tokens:
         return NextStepShare(1 if rows_outlive_finish else 0, 0, True, True)
-    return NextStepShare(1, 1, False, outputs_after + 1 >= max_tokens)
+    return NextStepShare(1, decode_tokens, False, outputs_after + 1 >= max_tokens)
 
 
 @dataclass

@@ -15,6 +15,10 @@ class UnsupportedVllmError(ImportError):
     """vLLM is missing, or is a version the plugin was not written against."""
 
 
+class UnsupportedSpeculativeConfigError(ValueError):
+    """A speculative-decoding config whose scheduling the plugin's claim does not model."""
+
+
 def installed_vllm_version() -> str | None:
     """The installed vLLM distribution's version, or None when it is not installed."""
     try:

@@ -5,6 +5,16 @@ same requests. The scheduler is built the way vLLM's own `tests/v1/core` build t
 around a tiny local `config.json` (no hub access, `skip_tokenizer_init`) and a hand-written
 `KVCacheConfig` (full attention, plus a Mamba group in align mode for a hybrid model). A stand-in for the
 model runner advances every request whose prefill is complete by one sampled token.
+
+With speculative decoding (`SchedulerSetup.spec_method`, `num_spec_tokens`) the scheduler is built
+around vLLM's own `SpeculativeConfig` (ngram needs no draft weights; EAGLE-family methods get a tiny
+local draft `config.json`), and the stand-in runner plays the speculative step as vLLM's engine does:
+each verifying step accepts a seeded number of its draft tokens (0..N, the same draw for the same
+request's j-th verifying step in every run, so native and plugin see one acceptance sequence) and
+returns them plus the bonus token, and `update_from_output` rolls the rejected ones back
+(`num_computed_tokens`, and the output placeholders under async scheduling); with sync scheduling the
+drafter then proposes N draft tokens for every request in the batch (`update_draft_token_ids`, as the
+engine's `post_step` does), with async scheduling the scheduler's own placeholders stand for them.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,7 +36,14 @@ from radixflow.integrations.vllm.compat import require_supported_vllm  # noqa: E
 require_supported_vllm()
 
 import torch  # noqa: E402
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    VllmConfig,
+)
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
@@ -39,7 +57,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheGroupSpec,
     MambaSpec,
 )
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -49,6 +67,11 @@ from radixflow.integrations.vllm.scheduler import (  # noqa: E402
 )
 
 SAMPLED_TOKEN = 1  # what the stand-in model "generates"; any id below the tiny vocabulary works
+DRAFT_TOKEN = 2  # what the stand-in drafter proposes
+# Methods the harness can build without weights: ngram needs no draft model; the EAGLE family gets a
+# tiny local draft config (its scheduler-side semantics: N lookahead slots, a 1-token prefill lookahead,
+# lookahead block hashes). MTP shares EAGLE's scheduler code paths but needs the target's MTP layers.
+HARNESS_SPEC_METHODS = ("ngram", "eagle", "eagle3")
 _TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -79,6 +102,9 @@ class SchedulerSetup:
     prefill_schedule_interval: int = 1  # vLLM's prefill cadence (1 = off)
     long_prefill_token_threshold: int = 0  # vLLM's per-request chunk cap when >1 request is eligible (0 = off)
     watermark: float = 0.0  # vLLM's --watermark: fraction of blocks kept free for waiting admissions
+    spec_method: str = ""  # vLLM's --speculative-config method ("" = no speculative decoding)
+    num_spec_tokens: int = 0  # its num_speculative_tokens (N)
+    spec_seed: int = 0  # seeds the accepted-draft counts
 
 
 @functools.cache
@@ -96,6 +122,30 @@ def _model_config(max_model_len: int) -> ModelConfig:
     path = _tiny_model_dir().name
     return ModelConfig(
         model=path, tokenizer=path, skip_tokenizer_init=True, seed=0, max_model_len=max_model_len
+    )
+
+
+@functools.cache
+def _tiny_draft_dir() -> tempfile.TemporaryDirectory:
+    tmp = tempfile.TemporaryDirectory(prefix="radixflow-vllm-eagle-draft-")
+    with open(os.path.join(tmp.name, "config.json"), "w") as f:
+        json.dump({**_TINY_CONFIG, "architectures": ["EagleLlamaForCausalLM"]}, f)
+    return tmp
+
+
+@functools.cache
+def _speculative_config(method: str, num_spec_tokens: int, max_model_len: int) -> SpeculativeConfig:
+    # vLLM's own config object, so the scheduler reads vLLM's own derived counts (lookahead slots,
+    # prefill lookahead, hash lookahead, drafting slots). Building an EAGLE config reads the draft's
+    # config.json (seconds): one per shape.
+    if method not in HARNESS_SPEC_METHODS:
+        raise ValueError(f"spec_method {method!r}: the CPU harness builds {', '.join(HARNESS_SPEC_METHODS)}")
+    return SpeculativeConfig(
+        method=method,
+        model=None if method == "ngram" else _tiny_draft_dir().name,
+        num_speculative_tokens=num_spec_tokens,
+        target_model_config=_model_config(max_model_len),
+        target_parallel_config=ParallelConfig(),
     )
 
 
@@ -117,6 +167,11 @@ def _kv_cache_config(setup: SchedulerSetup) -> KVCacheConfig:
 
 def build_scheduler(setup: SchedulerSetup) -> Scheduler:
     """A fresh vLLM scheduler (native or plugin, sync or async) with its own empty block pool."""
+    if bool(setup.spec_method) != (setup.num_spec_tokens > 0):
+        raise ValueError("spec_method and num_spec_tokens > 0 go together")
+    speculative_config = None
+    if setup.spec_method:
+        speculative_config = _speculative_config(setup.spec_method, setup.num_spec_tokens, setup.max_model_len)
     vllm_config = VllmConfig(
         model_config=_model_config(setup.max_model_len),
         scheduler_config=SchedulerConfig(
@@ -135,6 +190,7 @@ def build_scheduler(setup: SchedulerSetup) -> Scheduler:
             enable_prefix_caching=True,
             mamba_cache_mode="align" if setup.hybrid else "none",
         ),
+        speculative_config=speculative_config,
     )
     vllm_config.cache_config.num_gpu_blocks = setup.num_gpu_blocks
     register_all_kvcache_specs(vllm_config)
@@ -142,7 +198,7 @@ def build_scheduler(setup: SchedulerSetup) -> Scheduler:
         cls = StateReadyAsyncScheduler if setup.async_scheduling else StateReadyScheduler
     else:
         cls = AsyncScheduler if setup.async_scheduling else Scheduler
-    return cls(
+    scheduler = cls(
         vllm_config=vllm_config,
         kv_cache_config=_kv_cache_config(setup),
         structured_output_manager=StructuredOutputManager(vllm_config),
@@ -150,12 +206,39 @@ def build_scheduler(setup: SchedulerSetup) -> Scheduler:
         hash_block_size=setup.block_size,
         log_stats=False,
     )
+    # The stand-in runner's acceptance draws travel with the scheduler (a deep copy continues them).
+    scheduler.radixflow_acceptance = Acceptance(setup.spec_seed, setup.num_spec_tokens)
+    return scheduler
+
+
+class Acceptance:
+    """Seeded accepted-draft counts: a request's j-th verifying step accepts a uniform draw in 0..N,
+    capped at the drafts it was scheduled with; the same (seed, request, j) always draws the same."""
+
+    def __init__(self, seed: int, num_spec_tokens: int) -> None:
+        self.seed = seed
+        self.num_spec_tokens = num_spec_tokens
+        self.steps: dict[str, int] = {}
+        self.drafts = self.accepted_total = 0
+
+    def accept(self, request_id: str, num_drafts: int) -> int:
+        j = self.steps.get(request_id, 0)
+        self.steps[request_id] = j + 1
+        draw = random.Random(f"{self.seed}:{request_id}:{j}").randint(0, self.num_spec_tokens)
+        self.drafts += num_drafts
+        self.accepted_total += min(draw, num_drafts)
+        return min(draw, num_drafts)
+
+
+def hash_lookahead_tokens(scheduler: Scheduler) -> int:
+    """The tokens past each block its hash covers for this scheduler (EAGLE-family speculative configs)."""
+    return scheduler.vllm_config.num_hash_lookahead_tokens
 
 
 @functools.cache
-def _block_hasher(block_size: int):
+def _block_hasher(block_size: int, num_hash_lookahead_tokens: int = 0):
     init_none_hash(sha256)
-    return get_request_block_hasher(block_size, sha256)
+    return get_request_block_hasher(block_size, sha256, num_hash_lookahead_tokens)
 
 
 def make_request(
@@ -166,10 +249,12 @@ def make_request(
     arrival: float = 0.0,
     cache_salt: str | None = None,
     priority: int = 0,
+    hash_lookahead: int = 0,
 ) -> Request:
     """A vLLM request with the block hasher a scheduler of `block_size` expects.
 
     `cache_salt` is vLLM's per-tenant cache isolation; it plays the role of a trace's cache namespace.
+    `hash_lookahead`: the scheduler's `hash_lookahead_tokens` (EAGLE-family speculative configs).
     """
     return Request(
         request_id=request_id,
@@ -179,17 +264,38 @@ def make_request(
         arrival_time=arrival,
         priority=priority,
         cache_salt=cache_salt or None,
-        block_hasher=_block_hasher(block_size),
+        block_hasher=_block_hasher(block_size, hash_lookahead),
     )
 
 
 def stand_in_model_output(scheduler: Scheduler, output: SchedulerOutput) -> ModelRunnerOutput:
-    """What a model runner would return: one token for each request past its prefill, none otherwise."""
+    """What a model runner would return: for each request past its prefill, its accepted draft tokens
+    (a seeded draw, see `Acceptance`) and one sampled token; nothing for a prefill chunk."""
     req_ids = list(output.num_scheduled_tokens)
-    sampled = [[] if scheduler.requests[r].is_prefill_chunk else [SAMPLED_TOKEN] for r in req_ids]
+    acceptance = getattr(scheduler, "radixflow_acceptance", None)
+    sampled = []
+    for r in req_ids:
+        if scheduler.requests[r].is_prefill_chunk:
+            sampled.append([])
+            continue
+        drafts = output.scheduled_spec_decode_tokens.get(r, ())
+        accepted = acceptance.accept(r, len(drafts)) if drafts and acceptance is not None else 0
+        sampled.append([SAMPLED_TOKEN] * (1 + accepted))
     return ModelRunnerOutput(
         req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)}, sampled_token_ids=sampled
     )
+
+
+def propose_drafts(scheduler: Scheduler, output: SchedulerOutput) -> None:
+    """Sync scheduling with speculative decoding: the drafter's N tokens for every request of the
+    executed batch, handed to the scheduler as vLLM's engine does after `update_from_output` (the
+    scheduler drops them for prefill chunks and finished requests). Async scheduling uses the
+    scheduler's placeholders instead."""
+    n = scheduler.num_spec_tokens
+    if not n or isinstance(scheduler, AsyncScheduler) or not output.total_num_scheduled_tokens:
+        return
+    req_ids = list(output.num_scheduled_tokens)
+    scheduler.update_draft_token_ids(DraftTokenIds(req_ids, [[DRAFT_TOKEN] * n for _ in req_ids]))
 
 
 @dataclass
@@ -218,6 +324,7 @@ def run_step(scheduler: Scheduler) -> StepRecord:
         deferred=list(getattr(scheduler, "blocked_last_step", [])),
     )
     scheduler.update_from_output(output, stand_in_model_output(scheduler, output))
+    propose_drafts(scheduler, output)
     return record
 
 
@@ -251,7 +358,9 @@ class InFlightDriver:
             else:
                 self.scheduler.update_from_output(output, stand_in_model_output(self.scheduler, output))
         if self._in_flight and (len(self._in_flight) >= self.depth or record is None or not record.rows):
-            self.scheduler.update_from_output(*self._in_flight.pop(0))
+            output, model_output = self._in_flight.pop(0)
+            self.scheduler.update_from_output(output, model_output)
+            propose_drafts(self.scheduler, output)
         return record
 
 

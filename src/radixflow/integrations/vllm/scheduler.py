@@ -24,6 +24,12 @@ next-step row, tokens and blocks fit beside what the deferred requests need then
 checked by vLLM's own allocator through its `reserved_blocks` argument. A candidate that fails is
 refused as an allocation failure, so vLLM's native failure path runs (encoder-cache references
 released, the scan stops).
+
+Speculative decoding: at t+1 vLLM schedules `1 + N` tokens (the sampled token and N drafts) for
+every request that samples at t and goes on, and allocates `num_lookahead_tokens` slots past them;
+drafts may all be rejected, so a request is counted as finishing only on the outputs it is sure to
+have. Configurations whose scheduling the claim does not model (drafting slots in the input budget,
+a per-step draft count, unknown proposers) are refused (`UnsupportedSpeculativeConfigError`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from radixflow.integrations.vllm.claim import StepClaim, next_step_share
+from radixflow.integrations.vllm.compat import UnsupportedSpeculativeConfigError
 from radixflow.integrations.vllm.readiness import (
     blocking_state_groups,
     blocks_once_state_is_published,
@@ -48,6 +55,10 @@ from radixflow.integrations.vllm.readiness import (
 from radixflow.integrations.vllm.siblings import BlockedGroup, BlockedGroups
 
 logger = init_logger(__name__)
+
+# Speculative methods whose scheduling the claim models: at most N drafts per request per step, no
+# drafting slots taken from the input budget, `num_lookahead_tokens` slots allocated past them.
+SUPPORTED_SPEC_METHODS = ("ngram", "ngram_gpu", "suffix", "eagle", "eagle3", "mtp")
 
 
 class StateReadyMixin:
@@ -85,6 +96,14 @@ class StateReadyMixin:
         self.num_prefix_lookups = 0
         self.blocked_last_step: list[str] = []
         reason = self.state_ready_unsupported_reason()
+        if reason is None:
+            spec_reason = self.speculative_unsupported_reason()
+            if spec_reason is not None:
+                raise UnsupportedSpeculativeConfigError(
+                    f"radixflow's {type(self).__name__} cannot honour this speculative config: {spec_reason}. "
+                    f"Its claim models the methods {', '.join(SUPPORTED_SPEC_METHODS)} (without parallel "
+                    "drafting or a per-batch-size draft count); serve this config with vLLM's own scheduler "
+                    "(drop --scheduler-cls).")
         self.state_ready = reason is None
         if reason is None:
             logger.info("radixflow state-ready traversal is on (%s).", type(self).__name__)
@@ -105,6 +124,22 @@ class StateReadyMixin:
             return "bounded-replay groups rewrite the prefix hit after the lookup"
         if self.is_encoder_decoder:
             return "encoder-decoder models are not supported"
+        return None
+
+    def speculative_unsupported_reason(self) -> str | None:
+        """Why the claim cannot model this speculative-decoding config (None: it can, or there is none)."""
+        spec = self.vllm_config.speculative_config
+        if spec is None:
+            if self.num_spec_tokens or self.num_sampled_tokens_per_step != 1:
+                return "diffusion canvas tokens are scheduled as draft tokens with no sampled token"
+            return None
+        if spec.method not in SUPPORTED_SPEC_METHODS:
+            return f"speculative method {spec.method!r} is not modelled"
+        if spec.max_num_new_slots_for_drafting:
+            return (f"speculative method {spec.method!r} takes {spec.max_num_new_slots_for_drafting} drafting "
+                    "slots per request from the input budget (parallel_drafting)")
+        if self.dynamic_sd_lookup is not None:
+            return "num_speculative_tokens_per_batch_size changes the draft count from step to step"
         return None
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
@@ -199,6 +234,11 @@ class StateReadyMixin:
         tokens = demand
         if demand > claim.tokens_left:
             tokens = self._next_chunk(request, num_hit_tokens, remaining, claim.tokens_left, running=False)
+        if self.num_spec_tokens and remaining == 1:
+            # vLLM may pad a one-token admission to 1 + N (drafts as placeholders), and then stops its
+            # waiting loop where the padded size does not fit: reserve the padded size, or none.
+            demand = 1 + self.num_spec_tokens
+            tokens = demand if demand <= claim.tokens_left else 0
         full_blocks = token_blocks(manager, min(request.num_tokens, self.max_model_len))
         fragment_blocks = token_blocks(manager, self._slot_tokens(num_hit_tokens, tokens))
         if group is None:
@@ -224,7 +264,7 @@ class StateReadyMixin:
         # still serve it after the requests deferred before it; otherwise it is Other (SPEC §3, §12).
         if not claim.room_for_deferral(tokens, need, free):
             return self._refuse(request, num_new_tokens) if claim.active else num_new_tokens
-        full = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+        full = self._length_cap(request)
         growth = max(token_blocks(manager, full) - token_blocks(manager, min(request.num_tokens, full)), 0)
         claim.defer(request.request_id, demand, tokens, fragment, need, growth)
         self.blocked_last_step.append(request.request_id)
@@ -256,8 +296,8 @@ class StateReadyMixin:
 
     def _next_chunk(self, request: Request, offset: int, remaining: int, budget: int, running: bool) -> int:
         # The tokens vLLM gives a request at the next step, `offset` tokens past its computed count
-        # now, `remaining` left, `budget` tokens left in that step: the same caps in the same order as
-        # its running loop (running) or waiting loop.
+        # now, `remaining` left (a decode: 1 + N), `budget` tokens left in that step: the same caps in
+        # the same order as its running loop (running) or waiting loop.
         tokens = remaining
         if 0 < self._next_threshold < tokens:
             tokens = self._next_threshold
@@ -269,7 +309,18 @@ class StateReadyMixin:
             return 0
         if self.need_mamba_block_aligned_split:
             tokens = self._mamba_block_aligned_split(request, tokens, offset)
+        rest = request.num_tokens - request.num_computed_tokens - offset - tokens
+        if 0 < rest < self.num_prefill_lookahead:
+            # vLLM's `_reserve_prefill_lookahead` (multi-module MTP): no chunk ends in the last
+            # `num_prefill_lookahead` prompt tokens.
+            tokens = max(tokens - (self.num_prefill_lookahead - rest), 0)
         return tokens
+
+    def _length_cap(self, request: Request) -> int:
+        # The slots a request can reach: its length cap, plus (speculative decoding) the drafts of its
+        # last verifying step and the lookahead slots allocated past them.
+        return min(request.num_prompt_tokens + request.max_tokens + self.num_spec_tokens + self.num_lookahead_tokens,
+                   self.max_model_len)
 
     def _slot_tokens(self, num_hit_tokens: int, num_new_tokens: int) -> int:
         return min(num_hit_tokens + num_new_tokens + self.num_lookahead_tokens, self.max_model_len)
@@ -322,12 +373,14 @@ class StateReadyMixin:
         # past a deferred request must not set up a preemption the native order would not have.
         if share.finishes:
             return 0
-        full = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+        full = self._length_cap(request)
         manager = self.kv_cache_manager
         return max(token_blocks(manager, full) - token_blocks(manager, min(end, full)), 0)
 
     def _outcome(self, request: Request, num_computed_tokens: int | None, num_new_tokens: int):
-        # (computed count, tokens left, outputs) after this step; None when its last token is in flight.
+        # (computed count, tokens left, outputs sure, outputs at most) after this step; None when its
+        # last token is in flight. With speculative decoding the output placeholders (async) count
+        # drafts that may be rejected: each in-flight step is sure of one token, at most 1 + N.
         if num_computed_tokens is None:
             num_computed_tokens = request.num_computed_tokens
             if request.num_output_placeholders and (
@@ -339,16 +392,21 @@ class StateReadyMixin:
         end = num_computed_tokens + num_new_tokens
         remaining = request.num_tokens_with_spec + request.num_output_placeholders - end
         samples = num_new_tokens > 0 and remaining <= 0
-        outputs = request.num_output_tokens + request.num_output_placeholders + int(samples)
-        return end, remaining if num_new_tokens else max(remaining, 1), outputs
+        placeholders = request.num_output_placeholders
+        sure = -(-placeholders // (1 + self.num_spec_tokens))  # in-flight steps, one sure token each
+        outputs = request.num_output_tokens + sure + int(samples)
+        # A step verifying k drafts (remaining == -k once vLLM has taken them) yields up to 1 + k.
+        outputs_max = request.num_output_tokens + placeholders + (1 - remaining if samples else 0)
+        return end, remaining if num_new_tokens else max(remaining, 1), outputs, outputs_max
 
     def _leaves_before_next_step(self, request: Request, num_computed_tokens: int | None,
                                  num_new_tokens: int) -> bool:
         outcome = self._outcome(request, num_computed_tokens, num_new_tokens)
         if outcome is None:
             return True
-        _, remaining, outputs = outcome
-        return remaining <= 0 and outputs >= request.max_tokens and not self._rows_outlive_finish
+        # The threshold is read from the most that may leave (fewer eligible: larger chunks counted).
+        _, remaining, _, outputs_max = outcome
+        return remaining <= 0 and outputs_max >= request.max_tokens and not self._rows_outlive_finish
 
     def _share(self, request: Request, num_computed_tokens: int | None, num_new_tokens: int,
                budget: int | None = None):
@@ -357,14 +415,19 @@ class StateReadyMixin:
             return next_step_share(remaining_after=0, outputs_after=request.max_tokens,
                                    max_tokens=request.max_tokens, next_chunk=0, chunk_cap=0,
                                    rows_outlive_finish=False)
-        end, remaining, outputs = outcome
+        end, remaining, outputs, _ = outcome
         chunk = 0
+        decode = 1
         cap = self._claim.max_tokens
         if 0 < self._next_threshold < cap:
             cap = self._next_threshold
+        budget = self._claim.max_tokens if budget is None else budget
         if remaining > 0:
-            budget = self._claim.max_tokens if budget is None else budget
             chunk = self._next_chunk(request, end - request.num_computed_tokens, remaining, budget, running=True)
+        elif self.num_spec_tokens:
+            # It samples now and decodes at t+1 with the drafts proposed after this step.
+            decode = self._next_chunk(request, end - request.num_computed_tokens, 1 + self.num_spec_tokens,
+                                      budget, running=True)
         return next_step_share(
             remaining_after=remaining,
             outputs_after=outputs,
@@ -372,6 +435,7 @@ class StateReadyMixin:
             next_chunk=chunk,
             chunk_cap=cap,
             rows_outlive_finish=self._rows_outlive_finish,
+            decode_tokens=decode,
         )
 
     def _allocate_slots_with_claim(self, request: Request, *args: Any, **kwargs: Any):

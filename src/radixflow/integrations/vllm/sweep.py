@@ -9,6 +9,10 @@ figures the claim rule must not worsen: steps, prefix-hit tokens and the step of
 
 Time is counted in steps: a request arrives before the `schedule()` call whose index reaches its
 `arrival_step`; an idle scheduler jumps to the next arrival (idle calls are not steps).
+
+`spec_configs()` adds speculative decoding (vLLM's `--speculative-config` method and N): the harness
+proposes N drafts per decoding request per step and accepts a seeded 0..N of them, the same draws in
+both arms (`cpu_harness.Acceptance`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ class SweepConfig:
     long_prefill_token_threshold: int = 0
     watermark: float = 0.0
     seed: int = 0
+    spec_method: str = ""  # speculative decoding: "ngram" or "eagle" ("" = off)
+    spec_tokens: int = 0  # num_speculative_tokens (N)
 
 
 @dataclass(frozen=True)
@@ -89,8 +95,10 @@ def run_config(config: SweepConfig, plugin: bool, max_steps: int = 20_000) -> Sw
         max_model_len=max(2048, longest), plugin=plugin, async_scheduling=config.async_scheduling,
         policy=config.policy, prefill_schedule_interval=config.prefill_schedule_interval,
         long_prefill_token_threshold=config.long_prefill_token_threshold, watermark=config.watermark,
+        spec_method=config.spec_method, num_spec_tokens=config.spec_tokens, spec_seed=config.seed,
     )
     scheduler = harness.build_scheduler(setup)
+    hash_lookahead = harness.hash_lookahead_tokens(scheduler)
     driver = harness.InFlightDriver(scheduler, depth=2 if config.async_scheduling else 1)
     added = {}
     steps = hits = preemptions = 0
@@ -103,7 +111,8 @@ def run_config(config: SweepConfig, plugin: bool, max_steps: int = 20_000) -> Sw
         while nxt < len(pending) and pending[nxt].arrival_step <= clock:
             r = pending[nxt]
             request = harness.make_request(r.request_id, r.tokens, config.block_size, max_tokens=r.max_tokens,
-                                           arrival=float(r.arrival_step) + nxt * 1e-6, priority=r.priority)
+                                           arrival=float(r.arrival_step) + nxt * 1e-6, priority=r.priority,
+                                           hash_lookahead=hash_lookahead)
             scheduler.add_request(request)
             added[r.request_id] = request
             nxt += 1
@@ -162,6 +171,31 @@ def sweep_configs() -> list[SweepConfig]:
     configs.append(SweepConfig("thresh128-longdoc-s1", long_prefill_token_threshold=128, doc_len=(600, 1100),
                                num_gpu_blocks=800, output_len=(1, 20), seed=1))
     configs.append(SweepConfig("watermark5-kv120-s0", watermark=0.05, num_gpu_blocks=120, seed=0))
+    return configs
+
+
+def spec_configs(spec_tokens: list[int]) -> list[SweepConfig]:
+    """Speculative-decoding configs for each N: sync and async, each with the decode-heavy shape (ngram
+    drafts, 120 blocks; EAGLE drafts with N lookahead slots, 80 blocks), a KV-tight pool with preemption
+    (EAGLE, 64 blocks), a tight token budget where the drafts take a visible share of it (T = 64,
+    documents 40-120, ngram) and the paper's multi-candidate QA shape (qa1tok, S = 16, EAGLE): 10 per N."""
+    configs = []
+    for n in spec_tokens:
+        for async_scheduling in (False, True):
+            mode = "async" if async_scheduling else "sync"
+            common = dict(spec_tokens=n, async_scheduling=async_scheduling)
+            configs += [
+                SweepConfig(f"spec{n}-{mode}-ngram-decode-kv120", num_gpu_blocks=120, spec_method="ngram",
+                            seed=0, **common),
+                SweepConfig(f"spec{n}-{mode}-eagle-decode-kv80", num_gpu_blocks=80, spec_method="eagle", seed=1,
+                            **common),
+                SweepConfig(f"spec{n}-{mode}-eagle-kvtight-kv64", num_gpu_blocks=64, spec_method="eagle", seed=2,
+                            **common),
+                SweepConfig(f"spec{n}-{mode}-ngram-tightT64", max_num_batched_tokens=64, doc_len=(40, 120),
+                            num_gpu_blocks=200, spec_method="ngram", seed=2, **common),
+                SweepConfig(f"spec{n}-{mode}-eagle-qa1tok-S16", output_len=(1, 1), max_num_seqs=16,
+                            max_num_batched_tokens=2048, questions=12, spec_method="eagle", seed=0, **common),
+            ]
     return configs
 
 
