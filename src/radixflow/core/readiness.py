@@ -32,6 +32,7 @@ class Readiness:
         self.slots = slots
         self.ensure = ensure
         self.handoff_costs = handoff_costs  # --handoff auto's weights (None: hand off wherever possible)
+        self.choices = {HANDOFF: 0, WAIT: 0, RECOMPUTE: 0}  # what the hand-off rule decided, per consumer
 
     def match(self, b: Branch) -> Match:
         """ĥ in whole pages (pending pages included); sets the branch's Blocked-group key."""
@@ -198,6 +199,7 @@ class Readiness:
             if choice == RECOMPUTE:
                 forward.spent += (d - bd.ready) * self.handoff_costs.token
             if choice != HANDOFF:
+                self.choices[choice] += 1
                 return choice
         if frag and n < r.chunk(d, b.num_tokens, self.config.max_num_batched_tokens, b, junction):
             return None
@@ -211,4 +213,5 @@ class Readiness:
             self.index.unlock(node)
             if not ok:
                 return None
+        self.choices[HANDOFF] += 1
         return Plan(m, d, n, snap, bd.ready, after=p)
