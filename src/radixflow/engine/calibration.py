@@ -304,6 +304,7 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
             page += need
         t, _ = timed(rows)
         cal.probe_rounds.append((len(rows), sum(lens), t))
+        cal.lengths.append(t)
     for plen, deps in handed:
         need = -(-plen // block_size)
         rows = [RowInput(ids(plen), 0, list(range(need)), None, [], [plen - 1])]
@@ -317,5 +318,6 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
         t, levels = timed(rows)
         extra = sum(levels.values())
         cal.probe_rounds.append((len(rows), plen + sum(n for _, n in deps), t - extra))
+        cal.lengths.append(t)
         cal.probe_levels.append((len(deps), sum(n for _, n in deps), max(n for _, n in deps), extra))
     cal._round_fit = cal._level_fit = None
