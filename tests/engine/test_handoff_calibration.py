@@ -151,27 +151,35 @@ def test_levels_run_at_a_smaller_chunk_are_as_accurate(tiny, chunk):
     assert got <= max(1.5 * base, TOL), (got, base)
 
 
-def test_an_auto_engine_calibrates_and_logs_its_levels(tmp_path):
-    """An engine with `auto` starts from its probe (costs before the first round), predicts each level
-    it runs and records the measured time beside the prediction."""
+@pytest.mark.parametrize("mode", ["on", "auto"])
+def test_an_engine_calibrates_and_logs_its_levels(tmp_path, mode):
+    """An engine handing off starts from its probe (costs before the first round), predicts each level
+    it runs and records the measured time beside the prediction; with `auto` its scheduler reads them."""
+    from radixflow.core.branch import Branch
     from radixflow.core.loop import run_trace
 
     path = ensure_tiny_model("tiny-qwen3.5", cache_dir=tmp_path)
     cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, block_size=16, state_interval=16,
-                          handoff="auto")
+                          handoff=mode)
     eng = Engine(EngineConfig(model=str(path), scheduler=cfg, kv_cache_memory=8 << 20, max_model_len=1024))
     cal = eng.executor.calibration
-    assert eng.scheduler.handoff_source is cal and cal.handoff_costs() is not None and cal.probe_seconds > 0
-    assert eng.executor.scan_costs is not None
+    assert cal.handoff_costs() is not None and cal.probe_seconds > 0 and eng.executor.scan_costs is not None
+    assert (eng.scheduler.handoff_source is cal) == (mode == "auto")
     before = len(cal.log)
-    from radixflow.core.branch import Branch
-
     branches = [Branch(b.request_id, b.index, tuple(t % 256 for t in b.prompt), namespace=b.namespace,
                        max_new_tokens=2) for b in make_branches(1, doc_len=200, tail=3)]
     run_trace(eng.scheduler, eng.executor, branches)
     assert all(b.output for b in branches)
     taken = cal.log[before:]
-    hand = eng.scheduler.handoff_choices[HANDOFF]
-    assert hand == sum(r.handoff_rows for r in eng.scheduler.rounds)
     assert len(taken) == sum(r.levels - 1 for r in eng.scheduler.rounds)
-    assert taken and all(p > 0 and m > 0 for p, m, *_ in taken)
+    assert all(p > 0 and m > 0 for p, m, *_ in taken)
+    if mode == "on":  # hands off wherever it can: here the 3 siblings, in one level
+        assert eng.scheduler.handoff_choices[HANDOFF] == 3 and len(taken) == 1
+
+
+def test_an_off_engine_keeps_no_calibration(tmp_path):
+    path = ensure_tiny_model("tiny-qwen3.5", cache_dir=tmp_path)
+    cfg = SchedulerConfig(block_size=16, state_interval=16, handoff="off")
+    eng = Engine(EngineConfig(model=str(path), scheduler=cfg, kv_cache_memory=8 << 20, max_model_len=1024))
+    assert eng.executor.calibration is None and eng.scheduler.handoff_source is None
+    assert eng.executor.scan_costs is not None  # the scan chunk is the engine's, whatever --handoff

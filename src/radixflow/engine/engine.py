@@ -72,8 +72,9 @@ class Engine:
         self.scheduler = Scheduler(sc, get_arm(config.policy), model.is_hybrid)
         if model.is_hybrid:  # the engine's own costs: scan chunks always, `auto`'s rule when it decides
             self.executor.scan_costs = engine_scan_costs(model, sc.state_interval)
-            if sc.handoff == "auto":
+            if sc.handoff != "off":  # measured and predicted either way; `auto` decides by it
                 self.executor.calibration = calibration(model, sc.block_size)
+            if sc.handoff == "auto":
                 self.scheduler.handoff_source = self.executor.calibration
         self.now = 0.0
         self.handoff_rows = 0      # rows run as dependents of a same-forward producer (SPEC §15)
