@@ -28,8 +28,8 @@ def _calibrated(level_seconds: float) -> HandoffCalibration:
     cal = HandoffCalibration()
     for tokens in (16, 64, 128, 256, 390):
         cal.observe_round(4, tokens, 0.001 + 0.0001 * tokens, 0.040)
-    for rows in (1, 3, 6):
-        cal.observe_level(rows, 20 * rows, 20, level_seconds + 0.0001 * rows)
+    for rows, longest in ((1, 20), (3, 30), (6, 20), (2, 40)):
+        cal.observe_level(rows, 20 * rows, longest, level_seconds + 0.0001 * rows)
     return cal
 
 
@@ -40,6 +40,7 @@ def test_fits_recover_the_measured_costs():
     assert costs.level + costs.level_row == pytest.approx(0.0051, rel=1e-3)
     assert costs.wait == pytest.approx(0.040)
     assert cal.predict_level(6, 120, 20) == pytest.approx(0.0056, rel=1e-3)
+    assert cal.predict_level(2, 40, 40) == pytest.approx(0.0052, rel=1e-3)
 
 
 def test_nnls_keeps_every_coefficient_non_negative():

@@ -127,7 +127,11 @@ class HandoffCalibration:
         if not self.ready:
             return None
         a, tok, _ = self.round_fit
-        f, r, *_ = self.level_fit
+        f, r, _, n = self.level_fit
+        # opening a level: its fixed part and the sequential steps of a typical longest row (the median
+        # observed); the tokens' own work is not counted, the consumer's tokens run whatever it chooses
+        longest = sorted(o[2] for o in (*self.probe_levels, *self.levels))
+        f += n * _median(longest)
         wait = _median(sorted(self.lengths)) if self.lengths else None
         return HandoffCosts(level=f, token=tok, round=a, level_row=r, wait=wait)
 
