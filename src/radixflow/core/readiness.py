@@ -126,7 +126,7 @@ class Readiness:
                 if isinstance(choice, Plan):
                     return Outcome.READY, choice, None
                 if choice == RECOMPUTE:
-                    bd = Boundary(bd.ready, bd.ready_snapshot, None)
+                    bd = self._published(m, bd)
             if bd.blocking is not None and r.branch_points is not None and choice != WAIT:
                 if not r.branch_points.worth_waiting(bd.ready, bd.blocking.depth, next_sure):
                     bd = Boundary(bd.ready, bd.ready_snapshot, None)  # cheaper to recompute the gap now
@@ -166,6 +166,15 @@ class Readiness:
         if not ok:
             return Outcome.OTHER, None, "memory"
         return Outcome.READY, Plan(m, start, n, snapshot), None
+
+    def _published(self, m: Match, bd: Boundary) -> Boundary:
+        """`bd` without its pending boundary: resume from the published one beneath it. A grid boundary
+        that is pending names only that one's depth (`RadixIndex.boundary`), so its snapshot is looked up."""
+        snap = bd.ready_snapshot
+        if snap is None and bd.ready:
+            depth, snap = self.index.ready_boundary(m, bd.ready)
+            assert depth == bd.ready, (depth, bd.ready)
+        return Boundary(bd.ready, snap, None)
 
     def _handoff(self, b: Branch, m: Match, bd: Boundary, tokens: int, claims: Claims | None, next_sure: bool,
                  frag: bool, forward: Forward) -> Plan | str | None:
