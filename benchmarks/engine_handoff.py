@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from radixflow.core.batch import Batch, ExecResult, Fragment  # noqa: E402
 from radixflow.core.branch import Branch  # noqa: E402
+from radixflow.engine.calibration import engine_scan_costs  # noqa: E402
 from radixflow.engine.executor import EngineExecutor  # noqa: E402
 from radixflow.engine.loader import load_model  # noqa: E402
 from radixflow.engine.tiny import ensure_tiny_model  # noqa: E402
@@ -71,6 +72,7 @@ def bench_model(name: str, doc_len: int, siblings: int, tail: int, repeat: int, 
     handoff, first, second = _batches(doc, tails)
     pages = max(max(f.page_table) for b in (handoff, first, second) for f in b.fragments) + 1
     ex = EngineExecutor(model, model.allocate_cache(pages, BLOCK, 2, device=device))
+    ex.scan_costs = engine_scan_costs(model, BLOCK)  # the scan chunk an engine runs (interval = page here)
 
     def run_handoff() -> ExecResult:
         return ex.execute(handoff)
@@ -131,7 +133,6 @@ def breakdown(name: str, repeat: int, device: str) -> None:
     import statistics
     import time
 
-    from radixflow.engine.calibration import engine_scan_costs
     from radixflow.engine.models.batch import BatchContext, LevelClock
 
     model = load_model(ensure_tiny_model(name), torch.device(device)).model
