@@ -260,6 +260,8 @@ def _probe_scans(model, repeat: int = 3) -> ScanCosts | None:
                 run(plan, 256, len(rows))  # warm-up
                 best = float("inf")
                 for _ in range(repeat):
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
                     t0 = time.perf_counter()
                     run(plan, 256, len(rows))
                     if device.type == "cuda":
@@ -295,6 +297,8 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
         best, levels = float("inf"), {}
         for _ in range(repeat):
             clock = LevelClock(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             t0 = time.perf_counter()
             model(rows, cache, clock, costs)
             if device.type == "cuda":
