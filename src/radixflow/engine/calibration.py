@@ -286,7 +286,7 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
     def ids(n: int) -> list[int]:
         return torch.randint(0, vocab, (n,), generator=gen).tolist()
 
-    plain = [[16], [128], [32] * 4, [16] * 8, [192], [64] * 4]
+    plain = [[16], [128], [16] * 8, [64] * 4]
     handed = [(128, [(128, 16)]), (128, [(64, 8), (128, 8)]), (128, [(96, 24)] * 4),
               (128, [(64, 40), (96, 40), (112, 40), (128, 40)] * 2), (256, [(256, 1)] * 4)] if hybrid else []
     pages = sum(-(-n // block_size) + 1 for lens in plain for n in lens)
