@@ -10,6 +10,13 @@ host time per round (ExecResult.host_time), the part the hand-off round spends i
 Figures are printed, never asserted; best of --repeat interleaved runs after a warm-up.
 
     python benchmarks/engine_handoff.py [--models tiny-qwen3.5 tiny-nemotron-h] [--doc 500] [--siblings 4]
+
+`--breakdown`: what one extra level costs, in parts, on a bench-like round (two 640-token producers
+capturing every 16 tokens, each with 5 dependents of 8-45 tokens; the engine's scan chunk): the hand-off
+forward against the same rows in one forward with the dependents at level 0 (resumed from snapshots,
+as the wait path runs them a round later), and the level's parts timed on their own: its scans (all
+recurrent layers), the conv-window gather, the page fork, and the host bookkeeping (levels, chunk plan,
+gather indices). Medians of --repeat interleaved runs.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from radixflow.core.batch import Batch, ExecResult, Fragment  # noqa: E402
 from radixflow.core.branch import Branch  # noqa: E402
+from radixflow.engine.calibration import engine_scan_costs  # noqa: E402
 from radixflow.engine.executor import EngineExecutor  # noqa: E402
 from radixflow.engine.loader import load_model  # noqa: E402
 from radixflow.engine.tiny import ensure_tiny_model  # noqa: E402
@@ -64,6 +72,7 @@ def bench_model(name: str, doc_len: int, siblings: int, tail: int, repeat: int, 
     handoff, first, second = _batches(doc, tails)
     pages = max(max(f.page_table) for b in (handoff, first, second) for f in b.fragments) + 1
     ex = EngineExecutor(model, model.allocate_cache(pages, BLOCK, 2, device=device))
+    ex.scan_costs = engine_scan_costs(model, BLOCK)  # the scan chunk an engine runs (interval = page here)
 
     def run_handoff() -> ExecResult:
         return ex.execute(handoff)
@@ -91,6 +100,106 @@ def bench_model(name: str, doc_len: int, siblings: int, tail: int, repeat: int, 
           f"{agree}/{siblings * repeat}", flush=True)
 
 
+def _bench_round(vocab: int, with_after: bool, slot0: int = 0):
+    """Rows of a bench-like round; dependents either `after` their producer or at level 0 from a slot."""
+    from radixflow.engine.models.cache import RowInput
+
+    gen = torch.Generator().manual_seed(1)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+    rows, page, slot = [], 0, slot0
+    for plen in (640, 624):
+        n_pages = -(-plen // BLOCK)
+        caps = [(k, slot + i) for i, k in enumerate(sorted({*range(16, plen + 1, 16), 488}))]
+        slot += len(caps)
+        rows.append(RowInput(ids(plen), 0, list(range(page, page + n_pages)), None, caps, [plen - 1]))
+        page += n_pages
+    for p in (0, 1):
+        for d, n in [(320, 30), (320, 45), (480, 12), (488, 20), (608, 8)]:  # 488: inside a page
+            q = d // BLOCK
+            own = -(-(d + n) // BLOCK) - q
+            caps = [(k, slot + i) for i, k in enumerate(range(16, n + 1, 16))]
+            slot += len(caps)
+            state_in = None if with_after else dict(rows[p].state_out)[d]
+            rows.append(RowInput(ids(n), d, rows[p].page_table[:q] + list(range(page, page + own)), state_in,
+                                 caps, [n - 1], after=p if with_after else None))
+            page += own
+    return rows, page, slot
+
+
+def breakdown(name: str, repeat: int, device: str) -> None:
+    import statistics
+    import time
+
+    from radixflow.engine.models.batch import BatchContext, LevelClock
+
+    model = load_model(ensure_tiny_model(name), torch.device(device)).model
+    costs = engine_scan_costs(model, 16)
+    hand, pages, slots = _bench_round(256, True)
+    wait, _, _ = _bench_round(256, False)
+    cache = model.allocate_cache(pages + 1, BLOCK, slots + 1, device=device)
+    model(hand, cache, None, costs)  # warm-up; writes the producers' snapshots the level-0 rows resume from
+    model(wait, cache, None, costs)
+    a, b, lev = [], [], []
+    for _ in range(repeat):
+        clock = LevelClock(torch.device(device))
+        t0 = time.perf_counter()
+        model(hand, cache, clock, costs)
+        a.append(time.perf_counter() - t0)
+        lev.append(clock.seconds)
+        t0 = time.perf_counter()
+        model(wait, cache, None, costs)
+        b.append(time.perf_counter() - t0)
+    # the parts, timed alone
+    layout = model.cache_layout()
+    n_rec = len(layout.states)
+    n_att = layout.num_kv_layers
+
+    def med(f, n: int = repeat) -> float:
+        ts = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    def book() -> None:
+        ctx = BatchContext(hand, BLOCK, torch.device(device), None, costs)
+        for lv in ctx.levels[1:]:
+            _ = lv.decode_rows, lv.decode_hands
+            lv.scan_plan(64)
+        _ = ctx.kv_forks
+        ctx.conv_plan(4)
+
+    ctx = BatchContext(hand, BLOCK, torch.device(device), None, costs)
+    conv = ctx.conv_plan(4)
+    width = layout.states[0].conv[0] if n_rec else 1
+    flat = torch.zeros(conv.total, width, device=device)
+    dst, src = ctx.kv_forks
+    hkv = (layout.num_kv_heads, layout.head_dim)
+    kv = (cache.k[0].view(-1, *hkv), cache.v[0].view(-1, *hkv)) if n_att else None
+
+    def gather() -> None:
+        for _ in range(n_rec):
+            flat[conv.hand_dst] = flat[conv.hand_src]
+
+    def fork() -> None:
+        for _ in range(n_att):
+            for pool in kv:
+                pool.index_copy_(0, dst, pool.index_select(0, src))
+
+    ta, tb, tl = statistics.median(a), statistics.median(b), statistics.median(lev)
+    tbook, tg = med(book), med(gather, 5 * repeat)
+    tf = med(fork, 5 * repeat) if kv is not None else 0.0
+    deps = sum(r.after is not None for r in hand)
+    print(f"{name:16s} chunk {costs.fixed}: hand-off forward {ta * 1e3:7.1f} ms | same rows, dependents at level 0 "
+          f"{tb * 1e3:7.1f} ms | extra {1e3 * (ta - tb):+6.1f} ms ({(ta - tb) / ta:+.1%}) | level 1 ({deps} rows) "
+          f"{tl * 1e3:6.1f} ms of which bookkeeping {tbook * 1e3:.2f} ms; conv gather {tg * 1e3:.3f} ms "
+          f"({n_rec} layers), page fork {tf * 1e3:.3f} ms ({n_att} layers)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(HYBRIDS), choices=HYBRIDS)
@@ -100,6 +209,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)")
+    ap.add_argument("--breakdown", action="store_true", help="an extra level's cost, in parts (see above)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.siblings < 2:
@@ -108,7 +218,10 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load:.1f}, "
           f"device {args.device}; doc {args.doc}, {args.siblings} candidates x {args.tail} tokens")
     for name in args.models:
-        bench_model(name, args.doc, args.siblings, args.tail, args.repeat, args.device)
+        if args.breakdown:
+            breakdown(name, args.repeat, args.device)
+        else:
+            bench_model(name, args.doc, args.siblings, args.tail, args.repeat, args.device)
 
 
 if __name__ == "__main__":

@@ -101,3 +101,26 @@ def test_handoff_rows_levels_and_extra_level_time_are_reported():
             samples, "radixflow_round_levels_bucket", le="1.0")
     finally:
         live.stop()
+
+
+def test_handoff_choices_and_predicted_level_time_are_reported():
+    """--handoff auto decides by the engine's own calibrated costs: /metrics counts its choices and the
+    predicted time of the levels it ran beside the measured time."""
+    live = start_server("tiny-qwen3.5", checkpoints="branch", handoff="auto")
+    try:
+        doc = list(range(1, 200))
+        body = {"prompt": [doc + [300 + i, 400 + i] for i in range(4)], "max_tokens": 1, "namespace": "auto"}
+        assert live.post("/v1/completions", json=body).status_code == 200
+        assert live.wait_idle()["integrity"] == "ok"
+        samples = scrape(live.url)
+        def chosen(c: str) -> float:
+            try:
+                return metric(samples, "radixflow_handoff_choices_total", choice=c)
+            except KeyError:  # a labelled child appears once counted
+                return 0.0
+        assert chosen("handoff") + chosen("wait") + chosen("recompute") >= 1
+        if chosen("handoff"):
+            assert metric(samples, "radixflow_handoff_predicted_seconds_total") > 0
+            assert metric(samples, "radixflow_handoff_seconds_total") > 0
+    finally:
+        live.stop()

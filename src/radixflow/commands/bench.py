@@ -61,6 +61,25 @@ def _handoff_modes(text: str) -> tuple[str, ...]:
     return modes
 
 
+def _handoff_info(mode: str, choices: dict, log: list, cal) -> dict | None:
+    """What the hand-off rule chose in one run and how the engine's calibrated cost model predicted the
+    levels it took (engine/calibration.py); None for `off`."""
+    if mode == "off":
+        return None
+    from radixflow.engine.calibration import HandoffCalibration
+
+    info: dict = {"choices": choices, "levels": HandoffCalibration(log=log).summary()}
+    for k in ("round", "token", "row", "level", "level_row", "level_token", "level_longest_token"):
+        info["levels"].pop(k, None)
+    info["levels"].pop("probe_seconds", None)
+    if cal is not None:
+        costs = cal.handoff_costs()
+        info["fit"] = None if costs is None else {"round": costs.round, "token": costs.token, "level": costs.level,
+                                                  "level_row": costs.level_row, "wait": costs.wait}
+        info["probe_seconds"] = cal.probe_seconds
+    return info
+
+
 def _runs(args, handoff: str) -> list[tuple[str, str]]:
     """(arm, handoff mode) of each run, arms outermost; one mode unless --handoff-compare."""
     modes = args.handoff_compare or (handoff,)
@@ -113,6 +132,7 @@ def run(args) -> int:
                 raise ValueError(f"{label}: branch {b.key} has token {max(b.prompt)} outside the vocabulary "
                                  f"[0, {vocab})")
     results = []
+    handoff_info: list[dict] = []  # per run: the rule's choices and the calibrated level predictions
     firsts: list[dict] = []
     used = None
     t0 = time.perf_counter()
@@ -123,14 +143,24 @@ def run(args) -> int:
             label = f"{arm} handoff={mode}" if args.handoff_compare else arm
             parts = []
             first: dict = {}
+            choices = {"handoff": 0, "wait": 0, "recompute": 0}
+            log: list = []
+            cal = None
             for _, brs in workloads:
                 eng = Engine(replace(base, policy=arm, scheduler=replace(cfg, handoff=mode)), loaded=loaded)
                 used = eng.scheduler_config
                 copies = fresh_copies(brs)
+                cal = eng.executor.calibration
+                since = len(cal.log) if cal is not None else 0
                 res = run_trace(eng.scheduler, eng.executor, copies, progress=lambda n: bar.advance(task, n))
                 parts.append(measure(label, res))
                 first.update({b.key: b.output[0] for b in copies if b.output})
+                for k, v in eng.scheduler.handoff_choices.items():
+                    choices[k] += v
+                if cal is not None:
+                    log += cal.log[since:]
             results.append(merge(label, parts))
+            handoff_info.append(_handoff_info(mode, choices, log, cal))
             firsts.append(first)
     wall = time.perf_counter() - t0
     print_arms(results, f"{args.model} on {args.device} — S={cfg.max_num_seqs}, T={cfg.max_num_batched_tokens}, "
@@ -149,6 +179,22 @@ def run(args) -> int:
                   f"{100 * r.handoff_time / max(r.host_time, 1e-12):.1f} % of T_host, "
                   f"{1000 * r.handoff_time / max(1, r.handoff_rounds):.1f} ms per hand-off round "
                   f"({100 * r.handoff_time / max(1, r.handoff_rounds) / max(r.cost_per_round, 1e-12):.1f} % of c̄)")
+    for r, info in zip(results, handoff_info):
+        if info is None:
+            continue
+        c, p = info["choices"], info["levels"]
+        line = (f"hand-off choices {r.policy}: {c['handoff']} hand-off, {c['wait']} wait, {c['recompute']} recompute")
+        if p["levels"]:
+            err = p["predicted_median"] / max(p["measured_median"], 1e-12) - 1
+            line += (f"; levels taken {p['levels']}: calibrated prediction median "
+                     f"{1000 * p['predicted_median']:.1f} ms vs measured median {1000 * p['measured_median']:.1f} ms "
+                     f"({100 * err:+.1f} %), median error per level {100 * p['median_error']:.0f} %")
+        fit = info.get("fit")
+        if fit:
+            line += (f"; fitted: round {1000 * fit['round']:.1f} ms + {1000 * fit['token']:.3f} ms/token, level "
+                     f"{1000 * fit['level']:.2f} ms + {1000 * fit['level_row']:.2f} ms/row, wait "
+                     f"{1000 * (fit['wait'] or 0):.0f} ms")
+        print(line)
     print(f"benchmarked {len(runs)} run(s) in {wall:.1f} s")
     if args.json_path:
         # the pools the engine sized (from --kv-cache-memory) and the threads and dtype it ran with
@@ -159,7 +205,10 @@ def run(args) -> int:
         meta = {**pl.meta, **run_meta("bench", used), "torch_threads": torch.get_num_threads(),
                 "weight_dtypes": weights, "parts": [x for x, _ in workloads], "wall_time": wall}
         payload = arms_payload(results, meta)
-        for d, a in zip(payload["arms"], agreement):
+        for d, a, info in zip(payload["arms"], agreement, handoff_info):
             d["first_token_agreement"] = a
+            if info is not None:
+                d["handoff_choices"] = info["choices"]
+                d["level_prediction"] = info["levels"]
         write_json(args.json_path, payload)
     return 0

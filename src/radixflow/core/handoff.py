@@ -13,18 +13,31 @@ dependency term D becomes ⌈D / L⌉).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from radixflow.core.batch import Batch
 
 
 @dataclass(frozen=True)
 class HandoffCosts:
-    """What `--handoff auto` weighs, in seconds of host time (the simulator's cost model gives them,
-    `sim/cost_model.py: CostModel.handoff_costs`)."""
+    """What `--handoff auto` weighs, in seconds of host time. Two sources feed the same rule: the
+    simulator's cost model (`sim/cost_model.py: CostModel.handoff_costs`, from vLLM's launch counts) and
+    the real engine's own measurements (`engine/calibration.py: HandoffCalibration`, fitted online)."""
 
-    level: float  # one extra recurrent level in a forward (its kernel launches, every recurrent layer)
+    level: float  # one extra recurrent level in a forward (its fixed part, every recurrent layer)
     token: float  # one more prefill token in a row (what recomputing the gap costs per token)
     round: float  # the fixed part of one more round (host + launches): what a wait costs when t+1 would not run
+    level_row: float = 0.0  # each row a level runs, beyond its tokens' work (the simulator charges none)
+    # one round of a consumer's latency, what a wait costs it when t+1 runs anyway (None: `round`, the
+    # simulator's stand-in; the engine gives the measured length of its recent rounds)
+    wait: float | None = None
+
+
+class HandoffCostSource(Protocol):
+    """Where a scheduler reads `auto`'s costs at the start of each round (the engine's calibration):
+    the core is handed numbers, it never reads a clock."""
+
+    def handoff_costs(self) -> HandoffCosts | None: ...
 
 
 HANDOFF, WAIT, RECOMPUTE = "handoff", "wait", "recompute"
@@ -40,14 +53,17 @@ def choose(costs: HandoffCosts | None, new_level: bool, gap: int, next_sure: boo
       recomputation before it opens the level (at most twice the best choice made in hindsight);
     - recompute costs the gap's tokens now, for each of the `sharers` consumers one level would serve
       (this one and its request's siblings queued right behind it, which the scan meets next);
-    - wait costs the consumer one round: its latency when round t+1 runs anyway (`next_sure`), and
-      that round's host time as well when t+1 would not run without it.
+    - wait costs the consumer one round: its latency when round t+1 runs anyway (`next_sure`: `wait`,
+      the round's length, or its fixed part where none is given), and that round's host time as well
+      when t+1 would not run without it.
+    A level's per-row cost (`level_row`) is paid by every consumer it runs.
     The cheapest wins; ties go to hand-off, then recompute. Without costs, hand-off."""
     if costs is None:
         return HANDOFF
-    handoff = max(0.0, costs.level - spent) if new_level else 0.0
+    handoff = (max(0.0, costs.level - spent) if new_level else 0.0) + costs.level_row
     recompute = gap * costs.token * (sharers if new_level else 1)
-    wait = costs.round if next_sure else 2 * costs.round
+    latency = costs.round if costs.wait is None else costs.wait
+    wait = latency if next_sure else latency + costs.round
     best = min(handoff, recompute, wait)
     if handoff <= best:
         return HANDOFF

@@ -32,6 +32,7 @@ class Readiness:
         self.slots = slots
         self.ensure = ensure
         self.handoff_costs = handoff_costs  # --handoff auto's weights (None: hand off wherever possible)
+        self.choices = {HANDOFF: 0, WAIT: 0, RECOMPUTE: 0}  # what the hand-off rule decided, per consumer
 
     def match(self, b: Branch) -> Match:
         """ĥ in whole pages (pending pages included); sets the branch's Blocked-group key."""
@@ -125,7 +126,7 @@ class Readiness:
                 if isinstance(choice, Plan):
                     return Outcome.READY, choice, None
                 if choice == RECOMPUTE:
-                    bd = Boundary(bd.ready, bd.ready_snapshot, None)
+                    bd = self._published(m, bd)
             if bd.blocking is not None and r.branch_points is not None and choice != WAIT:
                 if not r.branch_points.worth_waiting(bd.ready, bd.blocking.depth, next_sure):
                     bd = Boundary(bd.ready, bd.ready_snapshot, None)  # cheaper to recompute the gap now
@@ -166,6 +167,15 @@ class Readiness:
             return Outcome.OTHER, None, "memory"
         return Outcome.READY, Plan(m, start, n, snapshot), None
 
+    def _published(self, m: Match, bd: Boundary) -> Boundary:
+        """`bd` without its pending boundary: resume from the published one beneath it. A grid boundary
+        that is pending names only that one's depth (`RadixIndex.boundary`), so its snapshot is looked up."""
+        snap = bd.ready_snapshot
+        if snap is None and bd.ready:
+            depth, snap = self.index.ready_boundary(m, bd.ready)
+            assert depth == bd.ready, (depth, bd.ready)
+        return Boundary(bd.ready, snap, None)
+
     def _handoff(self, b: Branch, m: Match, bd: Boundary, tokens: int, claims: Claims | None, next_sure: bool,
                  frag: bool, forward: Forward) -> Plan | str | None:
         """A dependent row's plan for `b`, Blocked at d = bd.blocking.depth, or `auto`'s RECOMPUTE / WAIT,
@@ -198,6 +208,7 @@ class Readiness:
             if choice == RECOMPUTE:
                 forward.spent += (d - bd.ready) * self.handoff_costs.token
             if choice != HANDOFF:
+                self.choices[choice] += 1
                 return choice
         if frag and n < r.chunk(d, b.num_tokens, self.config.max_num_batched_tokens, b, junction):
             return None
@@ -211,4 +222,5 @@ class Readiness:
             self.index.unlock(node)
             if not ok:
                 return None
+        self.choices[HANDOFF] += 1
         return Plan(m, d, n, snap, bd.ready, after=p)

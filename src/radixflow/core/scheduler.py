@@ -23,7 +23,7 @@ from radixflow.core.batch import Batch, ExecResult, Outcome
 from radixflow.core.branch import Branch, BranchState
 from radixflow.core.captures import Captures
 from radixflow.core.claims import Claims, finishes_now
-from radixflow.core.handoff import Forward, HandoffCosts
+from radixflow.core.handoff import Forward, HandoffCosts, HandoffCostSource
 from radixflow.core.integrity import check_scheduler, holds_nothing
 from radixflow.core.lookup import Arrival, BlockedGroups, arrival_hashes
 from radixflow.core.memory import Memory
@@ -78,6 +78,8 @@ class Scheduler:
         self.ready = Readiness(rules, self.index, self.pages, self.slots, self.memory.ensure, handoff_costs)
         self.handoff = hybrid and config.handoff != "off"  # SPEC §15 (full attention never sees Blocked)
         self.handoff_rows = 0
+        # `auto`'s costs read at the start of each round (the engine's calibration); None: fixed costs
+        self.handoff_source: HandoffCostSource | None = None
         self._forward: Forward | None = None  # this round's producers, when hand-off is on
         self.held: list[Branch] = []
         self.waiting: list[Branch] = []
@@ -97,6 +99,11 @@ class Scheduler:
     def _known(self) -> tuple[Branch, ...]:
         """Every branch the scheduler knows (held, waiting, running): where branch points are looked for."""
         return (*self.held, *self.waiting, *self.running)
+
+    @property
+    def handoff_choices(self) -> dict[str, int]:
+        """Consumers handed off, left waiting and recomputed by the hand-off rule (SPEC §15)."""
+        return dict(self.ready.choices)
 
     @property
     def max_level(self) -> int:
@@ -158,6 +165,8 @@ class Scheduler:
         rows, tokens = self.config.max_num_seqs, self.config.max_num_batched_tokens
         preempted = False
         self._forward = forward = Forward(batch) if self.handoff else None
+        if forward is not None and self.handoff_source is not None:
+            self.ready.handoff_costs = self.handoff_source.handoff_costs()
         i = 0
         while i < len(self.running) and rows and tokens:
             b = self.running[i]

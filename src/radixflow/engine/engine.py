@@ -16,6 +16,7 @@ from radixflow.core.batch import Batch
 from radixflow.core.branch import Branch, LogicalRequest
 from radixflow.core.policies import get_arm
 from radixflow.core.scheduler import Scheduler
+from radixflow.engine.calibration import calibration, engine_scan_costs
 from radixflow.engine.executor import EngineExecutor, RequestState
 from radixflow.engine.loader import LoadedModel, load_model
 from radixflow.engine.memory import default_budget, pool_sizes
@@ -69,6 +70,12 @@ class Engine:
         self.cache = model.allocate_cache(pages, sc.block_size, max(slots, 1) if model.is_hybrid else 0)
         self.executor = EngineExecutor(model, self.cache, self.loaded.tokenizer, keep_logits)
         self.scheduler = Scheduler(sc, get_arm(config.policy), model.is_hybrid)
+        if model.is_hybrid:  # the engine's own costs: scan chunks always, `auto`'s rule when it decides
+            self.executor.scan_costs = engine_scan_costs(model, sc.state_interval)
+            if sc.handoff != "off":  # measured and predicted either way; `auto` decides by it
+                self.executor.calibration = calibration(model, sc.block_size)
+            if sc.handoff == "auto":
+                self.scheduler.handoff_source = self.executor.calibration
         self.now = 0.0
         self.handoff_rows = 0      # rows run as dependents of a same-forward producer (SPEC §15)
         self.handoff_time = 0.0    # seconds measured in their extra recurrent levels

@@ -8,6 +8,7 @@ import time
 import torch
 
 from radixflow.core.batch import Batch, ExecResult, Sample
+from radixflow.core.handoff import levels_of
 from radixflow.engine.models.batch import LevelClock
 from radixflow.engine.models.cache import ModelCache, RowInput
 from radixflow.engine.sampling import (
@@ -47,8 +48,13 @@ class EngineExecutor:
         self.sampler = Sampler()
         self.keep_logits = keep_logits  # tests: keep each sampling row's logits on its branch
         self.device = cache.device
+        self.scan_costs = None  # measured scan costs: each recurrent level picks its chunk (engine/calibration.py)
+        self.calibration = None  # HandoffCalibration fed with this executor's timings (None: not measured)
 
     def execute(self, batch: Batch) -> ExecResult:
+        cal = self.calibration  # the levels' predictions are the scheduler's side: made before the clock starts
+        levels = self._levels(batch) if cal is not None else {}
+        predicted = {k: cal.predict_level(*v) for k, v in levels.items()} if cal is not None and cal.ready else {}
         t0 = time.perf_counter()
         rows = []
         sampling = []  # (fragment index, row of `logits`)
@@ -69,7 +75,7 @@ class EngineExecutor:
             for src, dst in f.copies_before:
                 self.cache.copy_page(src, dst)
         clock = LevelClock(self.device)
-        logits = self.model(rows, self.cache, clock)
+        logits = self.model(rows, self.cache, clock, self.scan_costs)
         for f in batch.fragments:  # an exact-depth checkpoint keeps its own copy of the partial page
             for src, dst in f.copies_after:
                 self.cache.copy_page(src, dst)
@@ -97,7 +103,25 @@ class EngineExecutor:
                 samples[i] = Sample(token, out.logprobs[j], out.top_logprobs[j], reason)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return ExecResult(time.perf_counter() - t0, samples, handoff_time=clock.seconds)
+        host = time.perf_counter() - t0
+        measured = clock.by_level
+        if cal is not None:
+            for k, (r, n, longest) in levels.items():
+                cal.observe_level(r, n, longest, measured.get(k, 0.0), predicted.get(k))
+            cal.observe_round(len(batch.fragments), batch.num_tokens, host - sum(measured.values()), host)
+        return ExecResult(host, samples, handoff_time=sum(measured.values()))
+
+    @staticmethod
+    def _levels(batch: Batch) -> dict[int, tuple[int, int, int]]:
+        """Rows, tokens and longest row of each extra level (depth >= 1) of the batch's dependent rows."""
+        out: dict[int, tuple[int, int, int]] = {}
+        if all(f.after is None for f in batch.fragments):
+            return out
+        for f, k in zip(batch.fragments, levels_of(batch)):
+            if k:
+                r, n, longest = out.get(k, (0, 0, 0))
+                out[k] = (r + 1, n + f.num_tokens, max(longest, f.num_tokens))
+        return out
 
     def _prompt_positions(self, f) -> list[int]:
         """Local positions whose logits score the next prompt token, for branches asking for prompt

@@ -86,6 +86,8 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._pending = 0  # accepted requests none of whose branches has been selected yet
+        self._choices_seen: dict[str, int] = {}  # hand-off choices and calibration log entries reported so far
+        self._log_seen = 0
         self._in_flight = 0  # accepted requests not finished, failed or aborted
         self._live: dict[str, Submission] = {}  # engine thread only
         self._thread = threading.Thread(target=self._main, name="radixflow-engine", daemon=True)
@@ -246,10 +248,21 @@ class EngineLoop:
             except BaseException as e:
                 fut.set_exception(e)
 
+    def _observe_handoff(self) -> None:
+        """The hand-off rule's choices and the predicted time of the levels run since the last round."""
+        choices = self.engine.scheduler.handoff_choices
+        cal = self.engine.executor.calibration
+        log = cal.log if cal is not None else []
+        start = min(self._log_seen, len(log))
+        self.metrics.observe_handoff({k: v - self._choices_seen.get(k, 0) for k, v in choices.items()},
+                                     sum(p for p, *_ in log[start:]))
+        self._choices_seen, self._log_seen = choices, len(log)
+
     def _after_round(self, batch, finished: list[LogicalRequest], blocked: int) -> None:
         rec = self.engine.scheduler.rounds[-1]
         self.metrics.observe_round(batch.num_rows, batch.num_tokens, rec.host_time, blocked, rec.handoff_rows,
                                    rec.levels, rec.handoff_time)
+        self._observe_handoff()
         now = time.monotonic()
         for rid in {f.branch.request_id for f in batch.fragments}:
             sub = self._live.get(rid)

@@ -93,6 +93,11 @@ class ServerMetrics:
                                             _pow2_buckets(16))
         self.handoff_seconds = self._counter("handoff_seconds", "host time spent in extra recurrent levels "
                                              "(measured by the engine)")
+        self.handoff_choices = self._counter("handoff_choices", "consumers the hand-off rule handed off, left "
+                                             "waiting or recomputed (--handoff auto: by the engine's measured "
+                                             "costs)", ("choice",))
+        self.handoff_predicted = self._counter("handoff_predicted_seconds", "the engine's calibrated prediction "
+                                               "of its extra levels' time (beside handoff_seconds, measured)")
         self._prompt = 0
         self._cached = 0
 
@@ -124,6 +129,14 @@ class ServerMetrics:
             self.handoff_rows.inc(handoff_rows)
         if handoff_time:
             self.handoff_seconds.inc(handoff_time)
+
+    def observe_handoff(self, choices: dict[str, int], predicted: float) -> None:
+        """One round's hand-off choices (counts by choice) and the predicted time of its extra levels."""
+        for choice, n in choices.items():
+            if n:
+                self.handoff_choices.labels(choice).inc(n)
+        if predicted:
+            self.handoff_predicted.inc(predicted)
 
     def observe_branch(self, prompt: int, cached: int, generated: int, ttft: float | None,
                        first_selection: float | None) -> None:

@@ -14,6 +14,7 @@ from torch import nn
 
 from .batch import BatchContext, LevelClock, validate_rows
 from .cache import CacheLayout, ModelCache, RowInput
+from .chunk_plan import ScanCosts
 
 _REQUIRED = object()
 
@@ -89,14 +90,16 @@ class CausalLM(nn.Module):
                           device or p.device, dtype or p.dtype)
 
     @torch.inference_mode()
-    def forward(self, rows: list[RowInput], cache: ModelCache, clock: LevelClock | None = None) -> torch.Tensor:
+    def forward(self, rows: list[RowInput], cache: ModelCache, clock: LevelClock | None = None,
+                scan_costs: ScanCosts | None = None) -> torch.Tensor:
         """Run all rows in one batched call; returns fp32 logits [sum(len(r.logits_at)), vocab].
 
-        `clock`, if given, accumulates the time spent in recurrent levels >= 1 (dependent rows)."""
+        `clock`, if given, accumulates the time spent in recurrent levels >= 1 (dependent rows);
+        `scan_costs`, if given, lets each recurrent level pick its scan chunk by measured cost."""
         validate_rows(rows, cache.block_size, cache.num_pages, cache.num_state_slots, self.is_hybrid)
         if not rows:
             return torch.empty(0, self.vocab_size, device=cache.device)
-        batch = BatchContext(rows, cache.block_size, cache.device, clock)
+        batch = BatchContext(rows, cache.block_size, cache.device, clock, scan_costs)
         self.prepare(batch)
         h = self.embed(batch.token_ids)
         for layer in self.model.layers:

@@ -22,7 +22,7 @@ from functools import cached_property
 import torch
 
 from .cache import RowInput
-from .chunk_plan import ChunkPlan, build_chunk_plan
+from .chunk_plan import ChunkPlan, ScanCosts, build_chunk_plan, chunk_candidates, plan_shape
 
 
 def validate_rows(rows: list[RowInput], block_size: int, num_pages: int, num_slots: int,
@@ -113,36 +113,45 @@ class LevelClock:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self._seconds = 0.0
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._seconds: dict[int, float] = {}
+        self._events: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
 
     @contextmanager
-    def measure(self) -> Iterator[None]:
+    def measure(self, depth: int = 1) -> Iterator[None]:
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             yield
             end.record()
-            self._events.append((start, end))
+            self._events.append((depth, start, end))
         else:
             t0 = time.perf_counter()
             yield
-            self._seconds += time.perf_counter() - t0
+            self._seconds[depth] = self._seconds.get(depth, 0.0) + time.perf_counter() - t0
+
+    @property
+    def by_level(self) -> dict[int, float]:
+        """Seconds measured per level depth (>= 1), summed over the recurrent layers."""
+        out = dict(self._seconds)
+        if self._events:
+            self._events[-1][2].synchronize()
+            for depth, s, e in self._events:
+                out[depth] = out.get(depth, 0.0) + s.elapsed_time(e) / 1000.0
+        return out
 
     @property
     def seconds(self) -> float:
-        if self._events:
-            self._events[-1][1].synchronize()
-        return self._seconds + sum(s.elapsed_time(e) for s, e in self._events) / 1000.0
+        return sum(self.by_level.values())
 
 
 class BatchContext:
     """Index tensors for one batched forward, built lazily and cached per chunk size / kernel."""
 
     def __init__(self, rows: list[RowInput], block_size: int, device: torch.device,
-                 clock: LevelClock | None = None) -> None:
+                 clock: LevelClock | None = None, scan_costs: ScanCosts | None = None) -> None:
         self.rows, self.block_size, self.device = rows, block_size, device
         self.clock = clock
+        self.scan_costs = scan_costs  # measured: each level picks its scan chunk (None: the model's)
         self.lengths = [len(r.token_ids) for r in rows]
         self.offsets = [0]
         for n in self.lengths:
@@ -282,7 +291,7 @@ class Level:
     def timed(self) -> Iterator[None]:
         """Count the work of levels >= 1 into the call's LevelClock, if it has one."""
         if self.depth and self.batch.clock is not None:
-            with self.batch.clock.measure():
+            with self.batch.clock.measure(self.depth):
                 yield
         else:
             yield
@@ -321,9 +330,25 @@ class Level:
             return None
         return self._t([p[0] for p in pairs]), self._t([p[1] for p in pairs])
 
+    @cached_property
+    def _plan_rows(self) -> list[tuple[int, int, int, list[tuple[int, int]]]]:
+        b = self.batch
+        return [(i, b.offsets[i], b.lengths[i], b.rows[i].state_out) for i in self.prefill_rows]
+
     def chunk_plan(self, chunk: int) -> ChunkPlan:
         if chunk not in self._chunk_plans:
             b = self.batch
-            rows = [(i, b.offsets[i], b.lengths[i], b.rows[i].state_out) for i in self.prefill_rows]
-            self._chunk_plans[chunk] = build_chunk_plan(rows, chunk, b.num_tokens, b.device, b.hands)
+            self._chunk_plans[chunk] = build_chunk_plan(self._plan_rows, chunk, b.num_tokens, b.device, b.hands)
         return self._chunk_plans[chunk]
+
+    def scan_plan(self, chunk: int) -> ChunkPlan:
+        """The plan this level's scan runs: at the model's `chunk`, or, with measured scan costs, at the
+        candidate chunk (`chunk` and its halvings) of least predicted time for this level's own segments."""
+        costs = self.batch.scan_costs
+        if costs is None:
+            return self.chunk_plan(chunk)
+        key = -chunk  # the choice, cached per model chunk
+        if key not in self._chunk_plans:
+            shapes = {c: plan_shape(self._plan_rows, c, self.batch.hands) for c in chunk_candidates(chunk)}
+            self._chunk_plans[key] = self.chunk_plan(costs.choose(shapes))
+        return self._chunk_plans[key]

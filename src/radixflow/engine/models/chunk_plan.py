@@ -9,6 +9,12 @@ access in the sequential scan is a view, never a gather.
 
 A plan covers the rows of one recurrent level (SPEC §15): a row's `handoffs` are cut like its captures,
 and the state there is handed to a dependent row of the next level instead of written to a slot.
+
+The chunk is chosen by measured cost (`ScanCosts.choose`) when the caller gives scan costs: per level,
+or once for every level (`ScanCosts.fixed`: the engine picks it for segments of its state interval, so
+a cache hit and a cold run of the same prompt cut the same chunks). Rows cut at every 16-token state
+boundary and short dependent tails then run with a small chunk instead of padding every segment to the
+model's 64; without costs, the model's chunk.
 """
 
 from __future__ import annotations
@@ -115,6 +121,52 @@ def row_chunks(offset: int, n: int, cuts: list[tuple[int, int]], chunk: int,
         handed.extend((len(chunks) - 1, dep) for dep in deps_at.get(cut, []))
         prev = cut
     return chunks, captures, handed
+
+
+def plan_shape(rows: list[tuple[int, int, int, list[tuple[int, int]]]], chunk: int,
+               hands: dict[int, list[tuple[int, int]]] | None = None) -> tuple[int, int]:
+    """(token slots, scan steps) of `build_chunk_plan(rows, chunk, ...)`, from the host-side lengths only."""
+    hands = hands or {}
+    slots = steps = 0
+    for i, _, n, cuts in rows:
+        prev, count = 0, 0
+        for cut in sorted({k for k, _ in cuts} | {k for k, _ in hands.get(i, ())} | {n}):
+            count += -(-(cut - prev) // chunk)
+            prev = cut
+        slots += count * chunk
+        steps = max(steps, count)
+    return slots, steps
+
+
+@dataclass
+class ScanCosts:
+    """Measured cost of a chunked scan at each chunk size: seconds per token slot (padding included)
+    and per sequential step, for all recurrent layers of a model together (`engine/calibration.py`
+    measures them). `choose` picks the chunk a level runs with."""
+
+    per_slot: dict[int, float]
+    per_step: dict[int, float]
+    fixed: int | None = None  # every level runs this chunk (an engine's choice for its state interval)
+
+    def predict(self, chunk: int, slots: int, steps: int) -> float:
+        return self.per_slot[chunk] * slots + self.per_step[chunk] * steps
+
+    def choose(self, shapes: dict[int, tuple[int, int]]) -> int:
+        """The chunk of least predicted time among `shapes` (chunk -> (slots, steps)); ties: the larger."""
+        if self.fixed is not None and self.fixed in shapes:
+            return self.fixed
+        known = [c for c in shapes if c in self.per_slot]
+        if not known:
+            return max(shapes)
+        return min(known, key=lambda c: (self.predict(c, *shapes[c]), -c))
+
+
+def chunk_candidates(chunk: int, smallest: int = 8) -> list[int]:
+    """The model's chunk and its halvings down to `smallest` (each divides the one before)."""
+    out = [chunk]
+    while out[-1] % 2 == 0 and out[-1] // 2 >= smallest:
+        out.append(out[-1] // 2)
+    return out
 
 
 def build_chunk_plan(rows: list[tuple[int, int, int, list[tuple[int, int]]]], chunk: int, num_tokens: int,

@@ -33,7 +33,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             if level.decode_rows:
                 _decode(args, init, level, pool, out)
             if level.prefill_rows:
-                _prefill(args, init, level.chunk_plan(chunk), pool, out)
+                _prefill(args, init, level.scan_plan(chunk), pool, out)
     return out
 
 

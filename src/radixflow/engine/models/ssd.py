@@ -34,7 +34,7 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a_log_neg: torch.Tensor, b: torc
             if level.decode_rows:
                 _decode(args, init, level, pool, out, groups)
             if level.prefill_rows:
-                _prefill(args, init, level.chunk_plan(chunk), pool, out, groups)
+                _prefill(args, init, level.scan_plan(chunk), pool, out, groups)
     return out
 
 
