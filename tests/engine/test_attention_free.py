@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fidelity import set_threads
 
 from radixflow import LLM, SamplingParams
 from radixflow.engine.memory import pool_sizes
@@ -40,7 +41,7 @@ def test_pool_sizes_without_kv_bytes():
 
 def test_engine_greedy_matches_transformers(attention_free):
     d, hf = attention_free
-    torch.set_num_threads(1)
+    set_threads()
     llm = LLM(str(d), kv_cache_memory=16 << 20, max_model_len=512, max_num_seqs=4, state_interval=16)
     model = llm.engine.loaded.model
     assert model.is_hybrid and model.cache_layout().num_kv_layers == 0 and llm.engine.cache.k == []

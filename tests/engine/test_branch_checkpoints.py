@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_harness import drain
+from fidelity import set_threads
 
 from radixflow.config import SchedulerConfig
 from radixflow.engine.engine import Engine, EngineConfig
@@ -21,7 +22,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def setup(family):
-    torch.set_num_threads(1)
+    set_threads()
     name, directory, hf = family
     return name, directory, load_model(directory), hf
 

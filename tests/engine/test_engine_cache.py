@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 from engine_harness import drain
+from fidelity import set_threads
 
 from radixflow.config import SchedulerConfig
 from radixflow.core.branch import Branch
@@ -21,7 +22,7 @@ MODELS = ("tiny-qwen3.5", "tiny-nemotron-h", "tiny-qwen3")
 
 @pytest.fixture(scope="module", params=MODELS)
 def loaded(request):
-    torch.set_num_threads(1)
+    set_threads()
     return request.param, load_model(resolve_model(request.param))
 
 
