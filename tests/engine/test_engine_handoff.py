@@ -15,7 +15,6 @@ import dataclasses
 
 import pytest
 import torch
-from fidelity import log_ratio, reference, set_threads
 from handoff_cases import (
     BLOCK,
     CAPTURE_AT,
@@ -31,6 +30,7 @@ from handoff_cases import (
     setup_rows,
 )
 
+from fidelity import log_ratio, low_precision_attention, reference, set_threads
 from radixflow.core.batch import Batch, Fragment
 from radixflow.core.branch import Branch
 from radixflow.engine.executor import EngineExecutor
@@ -178,11 +178,12 @@ def test_bf16_dependents_stay_within_bf16_noise(pair, tmp_path):
     if not model32.is_hybrid:
         pytest.skip("full attention: covered by fp32")
     model = load_model(ensure_tiny_model(name, cache_dir=tmp_path), dtype=torch.bfloat16).model
-    run, _ = run_handoff(model)
-    for i in DEPENDENTS:
-        ref = reference(hf, run.prompts[i], torch.bfloat16)[run.rows[i].start:]
-        ref.check(cold_logits(model, run.prompts[i])[run.rows[i].start:], f"{name} row {i}: a bf16 cold run")
-        ref.check(run.logits[i], f"{name} row {i} ({CASES[i]}) in bf16")
+    with low_precision_attention():
+        run, _ = run_handoff(model)
+        for i in DEPENDENTS:
+            ref = reference(hf, run.prompts[i], torch.bfloat16)[run.rows[i].start:]
+            ref.check(cold_logits(model, run.prompts[i])[run.rows[i].start:], f"{name} row {i}: a bf16 cold run")
+            ref.check(run.logits[i], f"{name} row {i} ({CASES[i]}) in bf16")
 
 
 def test_full_attention_has_no_levels(pair):

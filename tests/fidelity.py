@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
 # Our kernels are other algorithms than transformers' (chunked scans cut elsewhere, fused sums in
@@ -140,8 +143,29 @@ def reference(hf, ids: list[int], dtype: torch.dtype = torch.float32) -> Referen
         with float64_mode():
             truth = _logits(_float64_copy(hf), ids).double()
         model = hf if next(hf.parameters()).dtype == dtype else _converted(hf, dtype)
-        theirs = _logits(model, ids).double()
+        with low_precision_attention() if dtype != torch.float32 else contextlib.nullcontext():
+            theirs = _logits(model, ids).double()
     return Reference(truth, theirs, float((theirs - truth).abs().max()), float(truth.abs().max()))
+
+
+@functools.cache
+def _flash_refuses_bf16() -> bool:
+    q = torch.zeros(1, 1, 256, 32, dtype=torch.bfloat16)
+    try:
+        F.scaled_dot_product_attention(q, q, q)
+    except RuntimeError as e:
+        if "pack_vnni" not in str(e):
+            raise
+        return True
+    return False
+
+
+def low_precision_attention():
+    """For bf16/fp16 forwards: torch 2.13's CPU flash attention packs them for AMX whenever the CPU has
+    AMX, then refuses ("pack_vnni2 is only supported when avx512 is supported") under
+    ATEN_CPU_CAPABILITY=default or avx2 on such a CPU; there, and only there, the math kernel runs
+    (what a CPU without AMX gets is the flash kernel's non-AMX path: the same sums, another order)."""
+    return sdpa_kernel([SDPBackend.MATH]) if _flash_refuses_bf16() else contextlib.nullcontext()
 
 
 _LOW: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
