@@ -22,6 +22,7 @@ case "$best" in
   default) caps="default" ;;
   *) caps="default $best" ;;  # another CPU (e.g. arm64's sve256): the scalar kernels and torch's pick
 esac
+caps=${CAPABILITIES:-$caps}  # e.g. CAPABILITIES="default avx2": only those
 echo "torch's best CPU capability here: $best; running: $caps x OMP_NUM_THREADS 1 2"
 summary=() failed=0 last=$(mktemp)
 for cap in $caps; do
@@ -34,7 +35,7 @@ for cap in $caps; do
     echo "== ATEN_CPU_CAPABILITY=$cap OMP_NUM_THREADS=$threads"
     start=$SECONDS
     set +e
-    ATEN_CPU_CAPABILITY=$cap OMP_NUM_THREADS=$threads "$py" -m pytest -q -p no:cacheprovider "$@" | tee "$last"
+    ATEN_CPU_CAPABILITY=$cap OMP_NUM_THREADS=$threads "$py" -m pytest -p no:cacheprovider "$@" | tee "$last"
     rc=${PIPESTATUS[0]}
     set -e
     summary+=("$cap x $threads thread(s): $(tail -1 "$last") ($((SECONDS - start)) s, exit $rc)")

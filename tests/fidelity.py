@@ -9,6 +9,8 @@ the reference implementation's own rounding error on the same input; ours may be
 
     bound = FACTOR * max|theirs - truth| + FLOOR_ULPS * eps(fp32) * max|truth|
 
+(FACTOR 8 for fp32, FACTOR_LOW 4 for bf16/fp16; FLOOR_ULPS 4)
+
 away from the truth. Both terms scale with the arithmetic (the CPU's kernels, the thread count, the
 model's logit size), not with one machine; a fixed 1e-4 did not, and failed on other CPUs.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -33,9 +36,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
 # Our kernels are other algorithms than transformers' (chunked scans cut elsewhere, fused sums in
-# another order), so their fp32 error is a different sample of the same size: measured across
-# ATEN_CPU_CAPABILITY default/avx2/avx512 and 1-2 threads it stays below 4x theirs (docs/models.md).
+# another order), so their fp32 error is another sample of the same size: across ATEN_CPU_CAPABILITY
+# default/avx2/avx512 and 1-2 threads the worst measured was 4.3x theirs (docs/models.md); twice that.
 FACTOR = 8.0
+# bf16/fp16: the error is mostly the rounded weights and activations, which both share, so ours stays
+# nearer theirs (worst measured 1.8x, though we keep the recurrent state in fp32); twice that.
+FACTOR_LOW = 4.0
 # an absolute floor of a few fp32 units in the last place of the largest logit (at any dtype under
 # test): the final matmul's own rounding, for the rare input where the reference rounds almost exactly
 FLOOR_ULPS = 4
@@ -95,23 +101,24 @@ class Reference:
     theirs: torch.Tensor      # [n, V] float64 holding the reference's fp32 (or bf16) result
     own_error: float          # max|theirs - truth| over the WHOLE prompt (slicing keeps it)
     scale: float              # max|truth| over the whole prompt
+    factor: float = FACTOR    # FACTOR_LOW for a bf16/fp16 reference
 
     @property
     def bound(self) -> float:
-        return FACTOR * self.own_error + FLOOR_ULPS * EPS32 * self.scale
+        return self.factor * self.own_error + FLOOR_ULPS * EPS32 * self.scale
 
     def __getitem__(self, index) -> Reference:
         """The same reference at some positions (rows) only; its bound stays the whole prompt's."""
-        return Reference(self.truth[index], self.theirs[index], self.own_error, self.scale)
+        return dataclasses.replace(self, truth=self.truth[index], theirs=self.theirs[index])
 
     def tokens(self, token_ids: list[int]) -> Reference:
         """The same reference at some vocabulary entries only (a top-k list)."""
-        return Reference(self.truth[..., token_ids], self.theirs[..., token_ids], self.own_error, self.scale)
+        return dataclasses.replace(self, truth=self.truth[..., token_ids], theirs=self.theirs[..., token_ids])
 
     def log_softmax(self) -> Reference:
         """Log-probabilities instead of logits; the own error is measured again, the floor's scale kept."""
         truth, theirs = self.truth.log_softmax(-1), self.theirs.float().log_softmax(-1).double()
-        return Reference(truth, theirs, float((theirs - truth).abs().max()), self.scale)
+        return dataclasses.replace(self, truth=truth, theirs=theirs, own_error=float((theirs - truth).abs().max()))
 
     def error(self, ours: torch.Tensor) -> float:
         assert ours.shape == self.truth.shape, (tuple(ours.shape), tuple(self.truth.shape))
@@ -125,7 +132,7 @@ class Reference:
         err, bound = self.error(ours), self.bound
         _log({"what": what, "error": err, "own_error": self.own_error, "bound": bound, "ratio": err / bound,
               "over_own": err / self.own_error if self.own_error else None})
-        assert err <= bound, (f"{what}: max|ours - float64| = {err:.3g} > bound {bound:.3g} = {FACTOR:g} x the "
+        assert err <= bound, (f"{what}: max|ours - float64| = {err:.3g} > bound {bound:.3g} = {self.factor:g} x the "
                               f"reference's own error {self.own_error:.3g} + {FLOOR_ULPS} ulp x {self.scale:.3g} "
                               f"(ratio {err / bound:.2f})")
         return err / bound
@@ -134,7 +141,7 @@ class Reference:
 def concat(refs: list[Reference]) -> Reference:
     """Several prompts' references stacked (one batch's rows): the largest own error and scale."""
     return Reference(torch.cat([r.truth for r in refs]), torch.cat([r.theirs for r in refs]),
-                     max(r.own_error for r in refs), max(r.scale for r in refs))
+                     max(r.own_error for r in refs), max(r.scale for r in refs), min(r.factor for r in refs))
 
 
 def reference(hf, ids: list[int], dtype: torch.dtype = torch.float32) -> Reference:
@@ -145,7 +152,8 @@ def reference(hf, ids: list[int], dtype: torch.dtype = torch.float32) -> Referen
         model = hf if next(hf.parameters()).dtype == dtype else _converted(hf, dtype)
         with low_precision_attention() if dtype != torch.float32 else contextlib.nullcontext():
             theirs = _logits(model, ids).double()
-    return Reference(truth, theirs, float((theirs - truth).abs().max()), float(truth.abs().max()))
+    return Reference(truth, theirs, float((theirs - truth).abs().max()), float(truth.abs().max()),
+                     FACTOR if dtype == torch.float32 else FACTOR_LOW)
 
 
 @functools.cache
