@@ -115,6 +115,12 @@ class Reference:
         """The same reference at some vocabulary entries only (a top-k list)."""
         return dataclasses.replace(self, truth=self.truth[..., token_ids], theirs=self.theirs[..., token_ids])
 
+    def top(self) -> Reference:
+        """The largest entry of each row (a greedy token's logprob, whichever token ties win):
+        |max a - max b| <= max|a - b|, so the bound carries over."""
+        return dataclasses.replace(self, truth=self.truth.amax(-1, keepdim=True),
+                                   theirs=self.theirs.amax(-1, keepdim=True))
+
     def log_softmax(self) -> Reference:
         """Log-probabilities instead of logits; the own error is measured again, the floor's scale kept."""
         truth, theirs = self.truth.log_softmax(-1), self.theirs.float().log_softmax(-1).double()
