@@ -14,6 +14,9 @@ else
   py=.venv/bin/python
 fi
 [ "$#" -gt 0 ] || set -- tests/engine tests/core
+# libgomp's threads spin while they wait: on a busy machine a 2-thread run then crawls (a small matmul
+# loop measured ~300x slower than with PASSIVE). Waiting passively changes no result.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 # torch's best kernels here (ATEN_CPU_CAPABILITY unset): it offers that level and every lower one.
 best=$(env -u ATEN_CPU_CAPABILITY "$py" -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())")
 case "$best" in
