@@ -1,6 +1,6 @@
 """Branch-point checkpoints on the real engine (SPEC §14): a branch resumed from a snapshot captured
 inside a chunk, at a depth that is neither a page nor an interval multiple, gives the logits of a
-cold run (1e-5) and of transformers (1e-4)."""
+cold run and of transformers (each within fidelity.py's bound of the float64 truth)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 from engine_harness import drain
 
+from fidelity import reference, set_threads
 from radixflow.config import SchedulerConfig
 from radixflow.engine.engine import Engine, EngineConfig
 from radixflow.engine.loader import load_model
@@ -21,7 +22,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def setup(family):
-    torch.set_num_threads(1)
+    set_threads()
     name, directory, hf = family
     return name, directory, load_model(directory), hf
 
@@ -36,11 +37,6 @@ def _engine(directory, loaded, checkpoints="branch", caching=True):
 
 def _ids(n, seed):
     return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _reference_last(hf, ids):
-    with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0, -1].float()
 
 
 def test_state_out_at_any_point_of_a_chunk(setup):
@@ -59,8 +55,7 @@ def test_state_out_at_any_point_of_a_chunk(setup):
         cache.copy_page(table[k // BLOCK], cont[k // BLOCK]) if k % BLOCK else None
         cont[: k // BLOCK] = table[: k // BLOCK]
         out = model([RowInput(other, k, cont, 1, [], [len(other) - 1])], cache)
-        ref = _reference_last(hf, ids[:k] + other)
-        assert (out[0] - ref).abs().max() < 1e-4, k
+        reference(hf, ids[:k] + other)[-1].check(out[0], f"resumed from a capture at {k}")
 
 
 def test_siblings_resume_at_the_unaligned_branch_point(setup):
@@ -82,9 +77,9 @@ def test_siblings_resume_at_the_unaligned_branch_point(setup):
         assert [b.cached_tokens for b in done] == [0, DOC, DOC, DOC], "siblings resume at the exact branch point"
         assert warm.scheduler.exact_checkpoints >= 1
     for b in done:
-        torch.testing.assert_close(b.user_data.prompt_logits, cold_logits[f"c{b.index}"], atol=1e-5, rtol=1e-5)
-        ref = _reference_last(hf, list(b.prompt))
-        assert (b.user_data.prompt_logits - ref).abs().max() < 1e-4, name
+        ref = reference(hf, list(b.prompt))[-1]
+        ref.check(cold_logits[f"c{b.index}"], f"{name} sibling {b.index}: a cold run")
+        ref.check(b.user_data.prompt_logits, f"{name} sibling {b.index}")
     assert warm.scheduler.holds_nothing()
 
 
@@ -105,6 +100,5 @@ def test_next_turn_resumes_at_the_exact_end_of_the_last(setup):
     b2 = eng.scheduler.finished[-1]
     if lm.model.is_hybrid:
         assert computed % BLOCK and b2.cached_tokens == computed
-    ref = _reference_last(hf, second)
-    assert (b2.user_data.prompt_logits - ref).abs().max() < 1e-4
+    reference(hf, second)[-1].check(b2.user_data.prompt_logits, "the next turn")
     assert eng.scheduler.holds_nothing()

@@ -1,4 +1,5 @@
-"""Config fields transformers reads: each honoured (logits equal transformers') or refused at load.
+"""Config fields transformers reads: each honoured (logits equal transformers', within fidelity.py's
+bound of the float64 truth) or refused at load.
 
 Every model here is a tiny random transformers model saved with `save_pretrained` (conftest), so
 the reference is transformers' own forward on the same weights.
@@ -12,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from fidelity import log_ratio, reference
 from radixflow.engine.loader import load_model
 from radixflow.engine.models import RowInput
 from radixflow.engine.models.activations import ACTIVATIONS
 
-TOL = 1e-4
 BLOCK = 16
 ACTS = sorted(ACTIVATIONS)
 
@@ -38,17 +39,19 @@ def ours(path, tokens, cut: int | None = None) -> torch.Tensor:
     return torch.cat([first, second])
 
 
-def theirs(hf, tokens) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([tokens])).logits[0].float()
-
-
 def assert_same(path, hf, n: int = 70, cut: int | None = 37) -> None:
     tokens = ids(n)
-    want = theirs(hf, tokens)
-    assert (ours(path, tokens) - want).abs().max() < TOL
+    want = reference(hf, tokens)
+    want.check(ours(path, tokens), "whole prompt")
     if cut is not None:
-        assert (ours(path, tokens, cut) - want).abs().max() < TOL
+        want.check(ours(path, tokens, cut), f"resumed at {cut}")
+
+
+def assert_far(hf, got: torch.Tensor, tokens: list[int], what: str) -> None:
+    """A guard: `got` fails the check above by over 100x its bound."""
+    ratio = reference(hf, tokens).ratio(got)
+    log_ratio(what, ratio)
+    assert ratio > 100, (what, ratio)
 
 
 # ------------------------------------------------------------------ honoured: equal to transformers
@@ -70,7 +73,7 @@ def test_qwen35_attention_bias(hf_model_factory, hf_configs, tmp_path):
     cache = no_bias.allocate_cache(16, BLOCK, 2)
     tokens = ids(70)
     dropped = no_bias([RowInput(tokens, 0, list(range(5)), None, [], list(range(70)))], cache)
-    assert (dropped - theirs(hf, tokens)).abs().max() > 100 * TOL
+    assert_far(hf, dropped, tokens, "qwen3_5 with its attention biases dropped")
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -100,7 +103,7 @@ def test_activation_really_changes_the_model(hf_model_factory, hf_configs, tmp_p
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "hidden_act": "silu"}))
     tokens = ids(40)
-    assert (ours(tmp_path, tokens) - theirs(hf, tokens)).abs().max() > 100 * TOL
+    assert_far(hf, ours(tmp_path, tokens), tokens, "qwen3_5 gelu loaded as silu")
 
 
 def _wrap(directory, text_tie: bool | None) -> None:

@@ -3,14 +3,14 @@
 import math
 
 import pytest
-import torch
+from fidelity import set_threads
 
 from radixflow import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")
 def llm():
-    torch.set_num_threads(1)
+    set_threads()
     return LLM("tiny-qwen3.5", policy="radixflow", kv_cache_memory=64 << 20, max_num_seqs=8,
                max_num_batched_tokens=512, state_interval=64)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fidelity import reference
 from radixflow.engine.loader import load_model
 from radixflow.engine.models import RowInput
 from radixflow.engine.tiny import TINY_MODELS, ensure_tiny_model, resolve_model
@@ -43,12 +44,10 @@ def test_transformers_loads_the_same_model(name, tmp_path_factory):
     ours = load_model(d).model
     hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     ids = torch.randint(0, 259, (90,), generator=torch.Generator().manual_seed(0)).tolist()
-    with torch.no_grad():
-        ref = hf(torch.tensor([ids])).logits[0]
     out = ours([RowInput(ids, 0, list(range(6)), None, [], list(range(90)))], ours.allocate_cache(8, 16, 1))
-    # Looser than the 1e-4 of test_equivalence: the tiny models have O(1) logits and fan-in-scaled
-    # weights, and both implementations sit ~7e-5 from a float64 run of ours (fp32 rounding).
-    assert (out - ref).abs().max() < 5e-4
+    # Within fidelity.py's bound of the float64 truth: the tiny models have O(1) logits and
+    # fan-in-scaled weights, so transformers' own fp32 error here is up to ~1e-3 on some CPUs.
+    reference(hf, ids).check(out, name)
 
 
 def test_resolve_model(tmp_path, monkeypatch):

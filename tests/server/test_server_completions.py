@@ -6,7 +6,12 @@ from __future__ import annotations
 import random
 
 import httpx
+import torch
 from server_harness import metric, scrape
+from transformers import AutoModelForCausalLM
+
+from fidelity import reference
+from radixflow.engine.tiny import resolve_model
 
 
 def test_models_and_health(hybrid_server):
@@ -66,9 +71,12 @@ def test_candidate_list_is_one_request_sharing_the_document(hybrid_server):
     again = client.completions.create(model="tiny-qwen3.5", prompt=candidates, max_tokens=1, temperature=0,
                                       logprobs=5, extra_body=ns)
     assert again.usage.prompt_tokens_details.cached_tokens >= 4 * 192
-    for a, b in zip(out.choices, again.choices):
+    hf = AutoModelForCausalLM.from_pretrained(resolve_model("tiny-qwen3.5"), dtype=torch.float32).eval()
+    for prompt, a, b in zip(candidates, out.choices, again.choices):
         assert a.logprobs.tokens == b.logprobs.tokens
-        assert abs(a.logprobs.token_logprobs[0] - b.logprobs.token_logprobs[0]) < 1e-3
+        ref = reference(hf, prompt).log_softmax()[-1].top()  # greedy: the top logprob (fidelity.py)
+        ref.check(torch.tensor(a.logprobs.token_logprobs[:1]), "first ask")
+        ref.check(torch.tensor(b.logprobs.token_logprobs[:1]), "asked again (cache hit)")
     report = hybrid_server.wait_idle()
     assert report["integrity"] == "ok" and report["holds_nothing"]
 

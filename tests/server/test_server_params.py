@@ -12,6 +12,7 @@ import pytest
 import torch
 from server_harness import error_of
 
+from fidelity import reference
 from radixflow.engine.engine import Engine, EngineConfig
 from radixflow.engine.sampling import SamplingParams
 
@@ -22,6 +23,17 @@ EOS = 258  # <|im_end|>, the tiny models' eos_token_id
 def _ids(seed: int, n: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(32, 127) for _ in range(n)]
+
+
+def _prompt_logprob_reference(prompt: list[int]):
+    """transformers' float64 logprob of each prompt token after the first (fidelity.py)."""
+    from transformers import AutoModelForCausalLM
+
+    from radixflow.engine.tiny import resolve_model
+
+    hf = AutoModelForCausalLM.from_pretrained(resolve_model(MODEL), dtype=torch.float32).eval()
+    n = len(prompt)
+    return reference(hf, prompt).log_softmax()[torch.arange(n - 1), torch.tensor(prompt[1:])]
 
 
 def _top(entry: dict) -> dict[int, float]:
@@ -174,12 +186,14 @@ def test_prompt_logprobs_and_echo_logprobs(hybrid_server):
         assert str(prompt[q]) in entry and len(entry) in (2, 3)
         ranks = {v["rank"] for k, v in entry.items() if k != str(prompt[q])}
         assert ranks <= {1, 2}
-        assert again[q][str(prompt[q])]["logprob"] == pytest.approx(entry[str(prompt[q])]["logprob"], abs=1e-4)
     echo = hybrid_server.post("/v1/completions", json={**body, "prompt_logprobs": None, "echo": True,
                                                        "logprobs": 2}).json()["choices"][0]["logprobs"]
     assert echo["token_logprobs"][0] is None
-    for q in range(1, len(prompt)):
-        assert echo["token_logprobs"][q] == pytest.approx(first[q][str(prompt[q])]["logprob"], abs=1e-4)
+    # each within fidelity.py's bound of transformers' float64 logprob of the prompt token
+    ref = _prompt_logprob_reference(prompt)
+    ref.check(torch.tensor([first[q][str(prompt[q])]["logprob"] for q in range(1, len(prompt))]), "first")
+    ref.check(torch.tensor([again[q][str(prompt[q])]["logprob"] for q in range(1, len(prompt))]), "again")
+    ref.check(torch.tensor(echo["token_logprobs"][1:len(prompt)]), "echo")
     r = hybrid_server.post("/v1/completions", json={**body, "stream": True})
     assert r.status_code == 400 and error_of(r)["param"] == "prompt_logprobs"
 
@@ -346,8 +360,10 @@ def test_streamed_echo_carries_prompt_logprobs_and_stop_reason(hybrid_server):
                                                    echo=True, logprobs=1, stop=["AA"], logit_bias={"65": 100},
                                                    stream=True) if c.choices]
     lps = [lp for c in chunks if c.choices[0].logprobs for lp in c.choices[0].logprobs.token_logprobs]
-    assert lps[:len(prompt)] == pytest.approx(full.choices[0].logprobs.token_logprobs[:len(prompt)], abs=1e-4)
     assert lps[0] is None and all(v is not None for v in lps[1:])
+    ref = _prompt_logprob_reference(prompt)  # the prompt's logprobs: raw logits, no logit_bias
+    ref.check(torch.tensor(full.choices[0].logprobs.token_logprobs[1:len(prompt)]), "echo")
+    ref.check(torch.tensor(lps[1:len(prompt)]), "streamed echo")
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert chunks[-1].choices[0].model_extra["stop_reason"] == "AA"
     assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
