@@ -36,7 +36,7 @@ from types import SimpleNamespace
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 
-from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail
+from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail, _state_at_or_above
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 ACCESS, LEAF = "rf_access", "rf_leaf"  # keys of the FULL component data's metadata (see above)
@@ -45,7 +45,10 @@ DEFAULT_CHUNK_TOKENS = 64  # rr-tail / level-tail chunk, in tokens (our simulato
 
 def make_policy(kind: str, page_size: int):
     """A fresh policy for one cache. RADIXFLOW_SGLANG_CHUNK_TOKENS sets the tail chunk (tokens),
-    RADIXFLOW_SGLANG_RECENCY_WEIGHT flop-aware's recency weight."""
+    RADIXFLOW_SGLANG_RECENCY_WEIGHT flop-aware's recency weight. `adaptive` has no walk of
+    cache/eviction.py (its component chooses, `AdaptiveFullComponent`): None."""
+    if kind == "adaptive":
+        return None
     if kind == "flop-aware":
         return FlopAware(recency_weight=float(os.environ.get("RADIXFLOW_SGLANG_RECENCY_WEIGHT", "0.5")))
     try:
@@ -265,6 +268,9 @@ class RadixflowFullComponent(FullComponent):
         self._walk = None
         self._started = False
 
+    def _start_walk(self, view, need: int):
+        return self.policy.page_walk(view, need)
+
     def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
         done = tracker[FULL]
         try:
@@ -276,7 +282,7 @@ class RadixflowFullComponent(FullComponent):
                 if len(self._depths) > 4 * len(self.tree_core._node_arena) + 64:
                     self._depths.clear()  # nodes SGLang deleted on its own paths
                 view = SGLangTreeView(self, depths=self._depths, keys=self._keys)
-                self._walk = self.policy.page_walk(view, need)
+                self._walk = self._start_walk(view, need)
                 victim = next(self._walk)
             elif self._walk is None:
                 return None
@@ -296,7 +302,209 @@ class RadixflowFullComponent(FullComponent):
         self._walk = None
 
 
+class _Fenwick:
+    """Prefix sums over insert ticks 1..size (a binary indexed tree)."""
+
+    __slots__ = ("size", "tree")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.tree = [0] * (size + 1)
+
+    def add(self, i: int, v: int) -> None:
+        tree, n = self.tree, self.size
+        while i <= n:
+            tree[i] += v
+            i += i & -i
+
+    def prefix(self, i: int) -> int:
+        tree, total = self.tree, 0
+        while i > 0:
+            total += tree[i]
+            i -= i & -i
+        return total
+
+
+class AdaptiveFullComponent(RadixflowFullComponent):
+    """`radixflow-adaptive`: SGLang's own LRU walk, or a recency-banded tail cut, chosen per evict call
+    from what the cache has observed (docs/eviction.md, "radixflow-adaptive").
+
+    Evidence (a recency ghost, ARC's idea): every insert is one access of a trajectory, keyed where its
+    unshared chain starts (as the rotation's key). A directory keeps each trajectory's last insert tick
+    and private length, and a Fenwick tree over ticks the private tokens of every trajectory at its
+    last access, so the tokens touched since a trajectory's previous access (its LRU stack distance)
+    are one prefix sum. A return whose stack distance plus its own length exceeds the pool is one LRU
+    would have lost whole, whatever this cache did. `miss_rate`: an exponential average of that over
+    returns (weight `ALPHA`). The estimate reads only the request stream, not this cache's choices, so
+    it does not feed back on the mode.
+
+    Rule, per evict call: after `WARMUP` returns, while `miss_rate >= THETA` (recency would lose whole
+    histories on more than THETA of returns: its P99 is a whole history) cut tails; otherwise run
+    SGLang's own FULL walk (`FullComponent._evict_device_*`), so decisions are lru's, node for node.
+    Tail cut: among the evictable leaves deeper than `BAND` x the deepest, the least recently used
+    (our stamps, then leaf order) is cut back toward that floor, by no more than is still asked for;
+    then the next; one sort per round, at most one split per trajectory cut."""
+
+    policy_kind = "adaptive"
+    BAND = 0.6
+    THETA = 0.02
+    ALPHA = 1 / 64
+    WARMUP = 32
+    TICKS = 1 << 15
+
+    def __init__(self, cache, params) -> None:
+        super().__init__(cache, params)
+        alloc = params.token_to_kv_pool_allocator
+        alloc = getattr(alloc, "full_attn_allocator", alloc)
+        self.pool_tokens = int(alloc.size) if alloc is not None else 0
+        self._traj: dict[tuple, tuple[int, int]] = {}  # key -> (last insert tick, private tokens)
+        self._sums = _Fenwick(self.TICKS)
+        self._tick = 0
+        self.returns = 0
+        self.miss_rate = 0.0
+        self.tail_calls = 0  # evict calls that cut tails (tests and the benchmark read them)
+        self.lru_calls = 0
+        self._lru = False
+
+    # --------------------------------------------------------------- evidence
+    def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions) -> None:
+        super().commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
+        root = self.tree_core.root_node
+        if node is root:
+            return
+        end = self._depth_of(node)
+        chain = node
+        while chain.parent is not root and len(chain.parent.children) == 1:
+            chain = chain.parent  # up to where the unshared chain starts
+        start = end - sum_keys(node, chain)
+        extra = chain.key.extra_key
+        key = ("" if extra is None else str(extra), start, tuple(chain.key.token_ids[:8]))
+        self._observe(key, end - start)
+
+    def _depth_of(self, node) -> int:
+        root, d = self.tree_core.root_node, 0
+        while node is not root:
+            d += len(node.key)
+            node = node.parent
+        return d
+
+    def _observe(self, key: tuple, tokens: int) -> None:
+        if self._tick + 1 > self.TICKS:
+            self._compact()
+        self._tick += 1
+        now = self._tick
+        prev = self._traj.get(key)
+        if prev is not None:
+            t_prev, c_prev = prev
+            self._sums.add(t_prev, -c_prev)
+            since = self._sums.prefix(now - 1) - self._sums.prefix(t_prev)
+            lost = since + c_prev + key[1] > self.pool_tokens
+            self.returns += 1
+            self.miss_rate += self.ALPHA * ((1.0 if lost else 0.0) - self.miss_rate)
+        self._sums.add(now, tokens)
+        self._traj[key] = (now, tokens)
+
+    def _compact(self) -> None:
+        """Renumbers the live trajectories' ticks 1..k (oldest first), dropping the oldest half."""
+        live = sorted(self._traj.items(), key=lambda kv: kv[1][0])[-(self.TICKS // 2):]
+        self._sums = _Fenwick(self.TICKS)
+        self._traj = {}
+        for i, (key, (_, c)) in enumerate(live, 1):
+            self._traj[key] = (i, c)
+            self._sums.add(i, c)
+        self._tick = len(live)
+
+    def tails_now(self) -> bool:
+        return self.returns >= self.WARMUP and self.miss_rate >= self.THETA
+
+    # --------------------------------------------------------------- eviction
+    def _evict_device_start(self, request_cnt: int) -> None:
+        self._lru = not self.tails_now()
+        if self._lru:
+            self.lru_calls += 1
+            FullComponent._evict_device_start(self, request_cnt)
+            return
+        self.tail_calls += 1
+        super()._evict_device_start(request_cnt)
+
+    def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
+        if self._lru:
+            return FullComponent._evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions)
+        return super()._evict_device_next_node(tracker, device_frees, host_frees, cache_actions)
+
+    def _evict_device_end(self) -> None:
+        if self._lru:
+            FullComponent._evict_device_end(self)
+            return
+        super()._evict_device_end()
+
+    def _start_walk(self, view, need: int):
+        return self._band_walk(view, need)
+
+    def _band_walk(self, view: SGLangTreeView, need: int):
+        unit = view.unit
+        freed = 0
+        while freed < need:
+            leaves = view.leaves()
+            if not leaves:
+                return
+            deepest = max(view.depth(n) for n in leaves)
+            floor = int(deepest * self.BAND) // unit * unit
+            cands = [n for n in leaves if view.depth(n) > floor]
+            cands.sort(key=_recency)  # stable: leaf order breaks ties
+            progressed = False
+            for leaf in cands:
+                if not view.is_leaf(leaf) or not view.evictable(leaf):
+                    continue
+                short = -(-(need - freed) // unit) * unit
+                target = max(floor, view.depth(leaf) - short)
+                got = 0
+                for victim in _cut_to(view, leaf, target):
+                    got += yield victim
+                freed += got
+                progressed |= got > 0
+                if freed >= need:
+                    return
+            if not progressed:
+                return
+
+
+def sum_keys(node, top) -> int:
+    """Tokens on the path from `top` down to `node`, both included."""
+    total = len(node.key)
+    while node is not top:
+        node = node.parent
+        total += len(node.key)
+    return total
+
+
+def _recency(node):
+    return node.component_data[FULL].metadata.get(ACCESS, 0)
+
+
+def _cut_to(view: SGLangTreeView, leaf, target: int):
+    """Victims that shorten `leaf`'s trajectory to `target` tokens (on a hybrid tree, to the deepest
+    state at or above it), one leaf at a time, splitting the last one; stops at a shared or locked
+    node."""
+    if view.hybrid:
+        target = _state_at_or_above(view, leaf, target)
+    node = leaf
+    while view.depth(node) > target and not view.is_root(node):
+        if view.has_children(node) or not view.evictable(node):
+            return
+        if view.start(node) >= target:
+            parent = view.parent(node)
+            yield node
+            node = parent
+            continue
+        view.split(node, target)  # `node` keeps the tail
+        yield node
+        return
+
+
 def component_class(kind: str) -> type[RadixflowFullComponent]:
     """A FULL component class for `component_registry_override` running policy `kind`."""
+    if kind == "adaptive":
+        return AdaptiveFullComponent
     return type(f"Radixflow{kind.title().replace('-', '')}FullComponent", (RadixflowFullComponent,),
                 {"policy_kind": kind})

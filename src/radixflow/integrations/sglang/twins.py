@@ -12,6 +12,7 @@ cache gave each request, so the decisions of two policies can be compared call b
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from array import array
 
@@ -39,9 +40,12 @@ SGLANG_POLICIES = ("lru", "tlru")  # SGLang's own, by --radix-eviction-policy na
 
 
 def sglang_cache(backend: str, capacity: int, page_size: int = 1, components=(FULL,), max_reqs: int = 64,
-                 mamba_slots: int = 256, sliding_window: int | None = None, small_kv: bool = False):
+                 mamba_slots: int = 256, sliding_window: int | None = None, small_kv: bool = False,
+                 core: str = "python"):
     """(cache, allocator, req pool): SGLang's cache from its test kit, FULL eviction by `backend`
-    (a radixflow backend name, or one of SGLang's policies `lru`, `tlru`)."""
+    (a radixflow backend name, or one of SGLang's policies `lru`, `tlru`). `core="default"`: SGLang's
+    default tree core (Rust where it loads; SGLang falls back to Python on its own), what an lru user
+    runs; only for SGLang's policies (a component override needs the Python core)."""
     policy = backend if backend in SGLANG_POLICIES else "lru"
     cfg = CacheConfig(page_size=page_size, components=tuple(components), kv_size=capacity,
                       max_num_reqs=max_reqs, max_context_len=capacity, mamba_cache_size=mamba_slots,
@@ -54,7 +58,17 @@ def sglang_cache(backend: str, capacity: int, page_size: int = 1, components=(FU
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose from {', '.join((*BACKENDS, *SGLANG_POLICIES))}")
         override = {FULL: component_class(BACKENDS[backend])}
-    return build_fixture(cfg, component_registry_override=override)
+    cache, alloc, pool = build_fixture(cfg, component_registry_override=override)
+    if core == "default":
+        if override is not None:
+            raise ValueError(f"{backend} runs on the Python tree core only (a component override)")
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        params = dataclasses.replace(cache.cache_init_params, tree_core_backend=None)
+        cache = UnifiedRadixCache(params=params)  # the same allocator and pools, a fresh tree
+    elif core != "python":
+        raise ValueError(f"unknown tree core {core!r}: python or default")
+    return cache, alloc, pool
 
 
 class SGLangTwin:
@@ -66,6 +80,7 @@ class SGLangTwin:
         self.page_size = page_size
         self.mamba = MAMBA in components
         self.evict_calls: list[float] = []  # seconds per cache.evict call
+        self.held = 0  # tokens allocated to requests that have not inserted them yet
         self._rid = 0
 
     def _req(self):
@@ -98,6 +113,7 @@ class SGLangTwin:
         fresh = self.alloc.alloc(need)
         if fresh is None:
             raise RuntimeError(f"SGLang cache ({self.backend}) cannot hold a {need}-token request")
+        self.held += len(fresh)
         prefix = self.cache.path_device_indices(m.last_device_node)[:hit]
         return {"hit": hit, "node": m.last_device_node, "lock": lock, "prefix": prefix,
                 "fresh": fresh, "req": self._req() if self.mamba else None}
@@ -112,6 +128,7 @@ class SGLangTwin:
         if state["req"] is not None:
             params.mamba_value = state["req"].kv.mamba_pool_idx.unsqueeze(0)
         self.cache.insert(params)
+        self.held -= len(state["fresh"])
         if len(value) > n:
             self.alloc.free(value[n:])
         self.cache.dec_lock_ref(state["node"], state["lock"].to_dec_params())
@@ -119,13 +136,14 @@ class SGLangTwin:
             self.pool.free_rows([state["req"].kv.req_pool_idx])  # its Mamba state now belongs to the tree
 
     def check(self) -> None:
-        """SGLang's own integrity check, and the allocator ledger: free + evictable + protected = size."""
+        """SGLang's own integrity check, and the allocator ledger: free + evictable + protected + held
+        (allocated to running requests, not inserted yet) = size."""
         self.cache.sanity_check()
         core = self.cache.tree_core
-        total = core.component_evictable_size_[FULL] + core.component_protected_size_[FULL]
+        total = core.component_evictable_size(FULL) + core.component_protected_size(FULL)
         a = self.alloc.full_attn_allocator if hasattr(self.alloc, "full_attn_allocator") else self.alloc
-        assert a.available_size() + total == a.size, (
-            f"ledger: free {a.available_size()} + evictable/protected {total} != {a.size}")
+        assert a.available_size() + total + self.held == a.size, (
+            f"ledger: free {a.available_size()} + evictable/protected {total} + held {self.held} != {a.size}")
 
 
 class IndexTwin:
