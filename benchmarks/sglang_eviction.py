@@ -161,7 +161,8 @@ def sweep_configs(small: bool = False) -> list[dict]:
     n_a < m < n in units of the mean private history), multi-turn chat, a shared-prefix document mix."""
     agentic = [(8, 0.75, 32, 16, 1024), (16, 0.75, 32, 16, 1024), (16, 0.9, 128, 16, 1024), (32, 0.5, 32, 16, 1024),
                (32, 0.75, 32, 16, 1024), (32, 0.9, 64, 16, 1024), (64, 0.75, 32, 16, 1024), (64, 0.9, 32, 16, 1024),
-               (8, 0.5, 32, 1, 512), (16, 0.75, 32, 1, 512)]
+               (8, 0.5, 32, 16, 1024), (64, 0.5, 32, 16, 1024), (32, 0.75, 128, 16, 1024), (48, 0.9, 32, 16, 512),
+               (8, 0.5, 32, 1, 512), (16, 0.75, 32, 1, 512), (24, 0.9, 32, 1, 512)]
     if small:
         agentic = [(8, 0.75, 32, 16, 512)]
     out = []
@@ -190,9 +191,12 @@ def _pooled(name, sessions, page, pools, n_a, n, unit=None) -> list[dict]:
     u, shared = full_prefix_unit(sessions)
     unit = unit or u
     floor = int(1.1 * peak_footprint(sessions, 1.0, page))
-    out = []
+    out, caps = [], set()
     for x in pools:
         cap = max(int(shared + x * unit), floor) // page * page + page
+        if cap in caps:
+            continue  # the pool floor (the peak of running calls) made two pools one
+        caps.add(cap)
         xm = (cap - shared) / unit
         regime = "mix" if n is None else ("below" if xm <= n_a else "inside" if xm < n else "above")
         out.append({"name": name, "sessions": sessions, "page": page, "capacity": cap, "m": xm, "regime": regime,
