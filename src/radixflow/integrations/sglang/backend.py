@@ -326,30 +326,37 @@ class _Fenwick:
 
 
 class AdaptiveFullComponent(RadixflowFullComponent):
-    """`radixflow-adaptive`: SGLang's own LRU walk, or a recency-banded tail cut, chosen per evict call
-    from what the cache has observed (docs/eviction.md, "radixflow-adaptive").
+    """`radixflow-adaptive`: SGLang's own LRU walk, or a leveling tail cut over the least recently
+    used trajectories, chosen per evict call from what the cache has observed (docs/eviction.md,
+    "radixflow-adaptive").
 
-    Evidence (a recency ghost, ARC's idea): every insert is one access of a trajectory, keyed where its
-    unshared chain starts (as the rotation's key). A directory keeps each trajectory's last insert tick
-    and private length, and a Fenwick tree over ticks the private tokens of every trajectory at its
-    last access, so the tokens touched since a trajectory's previous access (its LRU stack distance)
-    are one prefix sum. A return whose stack distance plus its own length exceeds the pool is one LRU
-    would have lost whole, whatever this cache did. `miss_rate`: an exponential average of that over
-    returns (weight `ALPHA`). The estimate reads only the request stream, not this cache's choices, so
-    it does not feed back on the mode.
+    Evidence, a recency ghost (ARC's idea, at trajectory grain): every insert is one access of a
+    trajectory, keyed where its unshared chain starts (the rotation's key). A directory keeps each
+    trajectory's last insert tick and private length, and a Fenwick tree over ticks holds the private
+    tokens of every trajectory at its last access; so the tokens touched since a trajectory's previous
+    access (its LRU stack distance) are one prefix sum, and a return whose stack distance plus its own
+    length exceeds the pool is one that recency would have lost whole, whatever this cache did. The
+    ghost also gives the tokens recency would have hit (the previous length, or only the shared part).
+    It reads only the request stream, so what this cache decides does not feed back into it.
 
-    Rule, per evict call: after `WARMUP` returns, while `miss_rate >= THETA` (recency would lose whole
-    histories on more than THETA of returns: its P99 is a whole history) cut tails; otherwise run
-    SGLang's own FULL walk (`FullComponent._evict_device_*`), so decisions are lru's, node for node.
-    Tail cut: among the evictable leaves deeper than `BAND` x the deepest, the least recently used
-    (our stamps, then leaf order) is cut back toward that floor, by no more than is still asked for;
-    then the next; one sort per round, at most one split per trajectory cut."""
+    Rule. `loss_rate`: average over returns (weight `ALPHA`) of "recency loses it whole". While fewer
+    than `WARMUP` returns were seen, or `loss_rate < THETA` (recency's P99 is then not a whole
+    history), every evict call runs SGLang's `FullComponent` walk: lru's decisions, node for node.
+    Otherwise tails are cut: the `q` least recently used share of the evictable leaves (recency ties:
+    leaf order) is levelled from the deepest down (water-filling: one level for the call, each leaf
+    above it cut to it, one split each), freeing what the call asked for. `q` is steered by the hits:
+    after every return seen in tail mode, if this cache's hit tokens (`prev_prefix_len`) trail what
+    the ghost says recency would have hit by more than `SLACK` (averaged, weight `ALPHA`), q falls by
+    `STEP`, else it rises by `STEP`, within [0, Q_MAX]. q = 0 cuts the least recent leaf first, as lru."""
 
     policy_kind = "adaptive"
-    BAND = 0.6
-    THETA = 0.02
-    ALPHA = 1 / 64
+    THETA = 0.03
+    ALPHA = 1 / 128
     WARMUP = 32
+    Q_MAX = 0.75
+    STEP_DOWN = 0.05
+    STEP_UP = 0.01
+    SLACK = 0.0
     TICKS = 1 << 15
 
     def __init__(self, cache, params) -> None:
@@ -361,7 +368,11 @@ class AdaptiveFullComponent(RadixflowFullComponent):
         self._sums = _Fenwick(self.TICKS)
         self._tick = 0
         self.returns = 0
-        self.miss_rate = 0.0
+        self.lost_est = self.lost_real = 0  # returns recency would lose whole (ghost) / this cache lost whole
+        self.loss_rate = 0.0
+        self.q = self.Q_MAX
+        self._hit_ghost = 0.0  # averaged hit tokens per return recency would have given (ghost)
+        self._hit_gap = 0.0  # averaged (our hit - recency's) per return
         self.tail_calls = 0  # evict calls that cut tails (tests and the benchmark read them)
         self.lru_calls = 0
         self._lru = False
@@ -379,7 +390,7 @@ class AdaptiveFullComponent(RadixflowFullComponent):
         start = end - sum_keys(node, chain)
         extra = chain.key.extra_key
         key = ("" if extra is None else str(extra), start, tuple(chain.key.token_ids[:8]))
-        self._observe(key, end - start)
+        self._observe(key, end - start, int(getattr(params, "prev_prefix_len", 0) or 0))
 
     def _depth_of(self, node) -> int:
         root, d = self.tree_core.root_node, 0
@@ -388,7 +399,7 @@ class AdaptiveFullComponent(RadixflowFullComponent):
             node = node.parent
         return d
 
-    def _observe(self, key: tuple, tokens: int) -> None:
+    def _observe(self, key: tuple, tokens: int, hit: int) -> None:
         if self._tick + 1 > self.TICKS:
             self._compact()
         self._tick += 1
@@ -398,9 +409,21 @@ class AdaptiveFullComponent(RadixflowFullComponent):
             t_prev, c_prev = prev
             self._sums.add(t_prev, -c_prev)
             since = self._sums.prefix(now - 1) - self._sums.prefix(t_prev)
-            lost = since + c_prev + key[1] > self.pool_tokens
+            start = key[1]
+            lost = since + c_prev + start > self.pool_tokens
             self.returns += 1
-            self.miss_rate += self.ALPHA * ((1.0 if lost else 0.0) - self.miss_rate)
+            self.lost_est += lost
+            self.lost_real += hit <= start
+            a = self.ALPHA
+            self.loss_rate += a * ((1.0 if lost else 0.0) - self.loss_rate)
+            ghost = start if lost else start + c_prev
+            self._hit_ghost += a * (ghost - self._hit_ghost)
+            self._hit_gap += a * ((hit - ghost) - self._hit_gap)
+            if self.tail_calls:  # steer q only once tails have acted
+                if self._hit_gap < -self.SLACK * self._hit_ghost:
+                    self.q = max(0.0, self.q - self.STEP_DOWN)
+                else:
+                    self.q = min(self.Q_MAX, self.q + self.STEP_UP)
         self._sums.add(now, tokens)
         self._traj[key] = (now, tokens)
 
@@ -415,7 +438,7 @@ class AdaptiveFullComponent(RadixflowFullComponent):
         self._tick = len(live)
 
     def tails_now(self) -> bool:
-        return self.returns >= self.WARMUP and self.miss_rate >= self.THETA
+        return self.returns >= self.WARMUP and self.loss_rate >= self.THETA and self.q >= self.STEP_DOWN
 
     # --------------------------------------------------------------- eviction
     def _evict_device_start(self, request_cnt: int) -> None:
@@ -439,27 +462,27 @@ class AdaptiveFullComponent(RadixflowFullComponent):
         super()._evict_device_end()
 
     def _start_walk(self, view, need: int):
-        return self._band_walk(view, need)
+        return self._cold_level_walk(view, need)
 
-    def _band_walk(self, view: SGLangTreeView, need: int):
+    def _cold_level_walk(self, view: SGLangTreeView, need: int):
         unit = view.unit
         freed = 0
         while freed < need:
-            leaves = view.leaves()
+            leaves = self._by_recency()
             if not leaves:
                 return
-            deepest = max(view.depth(n) for n in leaves)
-            floor = int(deepest * self.BAND) // unit * unit
-            cands = [n for n in leaves if view.depth(n) > floor]
-            cands.sort(key=_recency)  # stable: leaf order breaks ties
+            cold = leaves[: max(1, int(len(leaves) * self.q + 0.999))]
+            depth = view.depth
+            cold.sort(key=depth, reverse=True)  # stable: the least recent first among equal depths
+            level = _water_level(cold, depth, need - freed, unit)
             progressed = False
-            for leaf in cands:
+            for leaf in cold:
+                if depth(leaf) <= level:
+                    break
                 if not view.is_leaf(leaf) or not view.evictable(leaf):
                     continue
-                short = -(-(need - freed) // unit) * unit
-                target = max(floor, view.depth(leaf) - short)
                 got = 0
-                for victim in _cut_to(view, leaf, target):
+                for victim in _cut_to(view, leaf, level):
                     got += yield victim
                 freed += got
                 progressed |= got > 0
@@ -467,6 +490,35 @@ class AdaptiveFullComponent(RadixflowFullComponent):
                     return
             if not progressed:
                 return
+
+    def _by_recency(self) -> list:
+        """Evictable leaves, least recently used first (our stamps; ties: the order they became leaves)."""
+        keyed = []
+        for n in self.tree_core.evictable_device_leaves:
+            md = n.component_data[FULL].metadata
+            seq = md.get(LEAF)
+            if seq is None:
+                seq = md[LEAF] = self.next_leaf_seq()
+            keyed.append((md.get(ACCESS, 0), seq, n))
+        keyed.sort(key=_two)
+        return [n for _, _, n in keyed]
+
+
+def _two(t):
+    return t[0], t[1]
+
+
+def _water_level(leaves: list, depth, need: int, unit: int) -> int:
+    """The deepest level (a multiple of `unit`) such that cutting every leaf of `leaves` (sorted
+    deepest first) down to it frees at least `need` tokens (0 when even that does not)."""
+    total = 0
+    for i, leaf in enumerate(leaves):
+        total += depth(leaf)
+        nxt = depth(leaves[i + 1]) if i + 1 < len(leaves) else 0
+        level = (total - need) // (i + 1)  # the top i + 1 leaves cut to `level` free `need`
+        if level >= nxt:
+            return max(0, level // unit * unit)
+    return 0
 
 
 def sum_keys(node, top) -> int:
@@ -476,10 +528,6 @@ def sum_keys(node, top) -> int:
         node = node.parent
         total += len(node.key)
     return total
-
-
-def _recency(node):
-    return node.component_data[FULL].metadata.get(ACCESS, 0)
 
 
 def _cut_to(view: SGLangTreeView, leaf, target: int):

@@ -79,8 +79,10 @@ class SGLangTwin:
         self.cache, self.alloc, self.pool = sglang_cache(backend, capacity, page_size, components, **kw)
         self.page_size = page_size
         self.mamba = MAMBA in components
-        self.evict_calls: list[float] = []  # seconds per cache.evict call
+        self.evict_calls: list[float] = []  # CPU seconds per cache.evict call
         self.held = 0  # tokens allocated to requests that have not inserted them yet
+        self.request_cpu = 0.0  # CPU seconds in start + finish (match, lock, allocate, evict, insert, unlock)
+        self.requests = 0
         self._rid = 0
 
     def _req(self):
@@ -96,13 +98,23 @@ class SGLangTwin:
         return self.cache.tree_core.match_prefix(MatchPrefixParams(key=key)).device_prefix_len
 
     def evict(self, n: int) -> int:
-        t0 = time.perf_counter()
+        # CPU time of this process, not wall time: the machine is shared, and an evict call is
+        # single-threaded Python (and Rust, for SGLang's default core) that never waits.
+        t0 = time.process_time()
         got = self.cache.evict(EvictParams(num_tokens=n)).num_tokens_evicted
-        self.evict_calls.append(time.perf_counter() - t0)
+        self.evict_calls.append(time.process_time() - t0)
         return got
 
     def start(self, prompt, new_tokens: int):
         """A request arrives: match, lock, allocate for the uncached prompt and `new_tokens` more."""
+        t0 = time.process_time()
+        try:
+            return self._start(prompt, new_tokens)
+        finally:
+            self.request_cpu += time.process_time() - t0
+            self.requests += 1
+
+    def _start(self, prompt, new_tokens: int):
         m = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", prompt))))
         hit = m.device_prefix_len
         lock = self.cache.inc_lock_ref(m.last_device_node)
@@ -120,6 +132,13 @@ class SGLangTwin:
 
     def finish(self, state, tokens) -> None:
         """The request ends: its whole page-aligned sequence goes into the tree, the lock is released."""
+        t0 = time.process_time()
+        try:
+            self._finish(state, tokens)
+        finally:
+            self.request_cpu += time.process_time() - t0
+
+    def _finish(self, state, tokens) -> None:
         n = len(tokens) // self.page_size * self.page_size
         value = torch.cat([state["prefix"].to(torch.int64), state["fresh"].to(torch.int64)])
         # prev_prefix_len: the slots below it are the tree's own; SGLang frees our duplicates above it.
