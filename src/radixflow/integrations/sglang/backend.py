@@ -229,7 +229,7 @@ class RadixflowFullComponent(FullComponent):
             parent = node.parent
             if parent is not None:
                 parent.component_data[FULL].metadata.pop(LEAF, None)  # not a leaf any more
-                self._forget_keys(parent)
+                self._children_changed(parent, len(parent.children), node, added=True)
         self._stamp_path(node)  # our `insert(..., now)` then `touch(node, now)`
 
     def redistribute_on_node_split(self, new_parent, child) -> None:
@@ -244,9 +244,32 @@ class RadixflowFullComponent(FullComponent):
         parent = node.parent  # SGLang deletes `node` from it right after this hook
         self._keys.pop(node.id, None)
         if parent is not None:
-            self._forget_keys(parent)
+            self._children_changed(parent, len(parent.children) - 1, node, added=False)
             if parent is not self.tree_core.root_node and len(parent.children) == 1:
                 parent.component_data[FULL].metadata[LEAF] = self.next_leaf_seq()  # a leaf from now on
+
+    def _children_changed(self, parent, count: int, changed, added: bool) -> None:
+        """`parent` now has `count` children (`changed` was added, or is being deleted). A chain starts
+        where its parent has other than one child, so keys move only when `count` crosses one: at 0
+        `parent` is a leaf (its own key), at 1 after a delete the chain of the one other child now runs
+        through `parent`, and at 2 after an add that other child's chain now stops below it."""
+        keys = self._keys
+        if not keys or parent is self.tree_core.root_node:
+            return
+        if count == 0:
+            keys.pop(parent.id, None)
+        elif count == (2 if added else 1):
+            for child in parent.children.values():
+                if child is not changed:
+                    self._forget_chain(child)
+            keys.pop(parent.id, None)
+
+    def _forget_chain(self, child) -> None:
+        n = child
+        while len(n.children) == 1:
+            (n,) = n.children.values()
+        if not n.children:
+            self._keys.pop(n.id, None)
 
     def _forget_keys(self, node) -> None:
         """Drops the trajectory keys a change of `node`'s children can change: `node`'s own, and those
