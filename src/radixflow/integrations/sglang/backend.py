@@ -362,24 +362,27 @@ class AdaptiveFullComponent(RadixflowFullComponent):
     ghost also gives the tokens recency would have hit (the previous length, or only the shared part).
     It reads only the request stream, so what this cache decides does not feed back into it.
 
-    Rule. `loss_rate`: average over returns (weight `ALPHA`) of "recency loses it whole". While fewer
-    than `WARMUP` returns were seen, or `loss_rate < THETA` (recency's P99 is then not a whole
-    history), every evict call runs SGLang's `FullComponent` walk: lru's decisions, node for node.
-    Otherwise tails are cut: the `q` least recently used share of the evictable leaves (recency ties:
-    leaf order) is levelled from the deepest down (water-filling: one level for the call, each leaf
-    above it cut to it, one split each), freeing what the call asked for. `q` is steered by the hits:
-    after every return seen in tail mode, if this cache's hit tokens (`prev_prefix_len`) trail what
-    the ghost says recency would have hit by more than `SLACK` (averaged, weight `ALPHA`), q falls by
-    `STEP`, else it rises by `STEP`, within [0, Q_MAX]. q = 0 cuts the least recent leaf first, as lru."""
+    Rule. `rate()`: the share of returns recency loses whole (an average over returns, weight `ALPHA`,
+    corrected for its start at 0). An evict call cuts tails while `q >= STEP_DOWN` and either fewer
+    than `WARMUP` returns were seen (a new cache starts on tails: by the time recency's losses are
+    counted they have happened, and they set the P99) or `rate() >= THETA` (recency loses whole
+    histories on more than THETA of returns: its P99 is a whole history). Otherwise it runs SGLang's
+    own `FullComponent` walk: lru's decisions, node for node. A tail cut takes the `q` least recently
+    used share of the evictable leaves (recency ties: leaf order) and levels them from the deepest
+    down (water-filling: one level for the call, each leaf above it cut to it with one split), until
+    the call's demand is freed. `q` is steered by the hits, once tails have acted and WARMUP returns
+    were seen: after each return, if this cache's hit tokens (`prev_prefix_len`) trail what the ghost
+    says recency would have hit by more than `SLACK` of it (averaged, weight ALPHA), q falls by
+    `STEP_DOWN`, else it rises by `STEP_UP`, within [0, Q_MAX]. Below STEP_DOWN the cache is lru."""
 
     policy_kind = "adaptive"
     THETA = 0.03
     ALPHA = 1 / 128
     WARMUP = 32
-    Q_MAX = 0.75
-    STEP_DOWN = 0.05
+    Q_MAX = 1.0
+    STEP_DOWN = 0.02
     STEP_UP = 0.01
-    SLACK = 0.0
+    SLACK = 0.005
     TICKS = 1 << 15
 
     def __init__(self, cache, params) -> None:
@@ -442,7 +445,7 @@ class AdaptiveFullComponent(RadixflowFullComponent):
             ghost = start if lost else start + c_prev
             self._hit_ghost += a * (ghost - self._hit_ghost)
             self._hit_gap += a * ((hit - ghost) - self._hit_gap)
-            if self.tail_calls:  # steer q only once tails have acted
+            if self.tail_calls and self.returns >= self.WARMUP:  # steer q once tails have acted
                 if self._hit_gap < -self.SLACK * self._hit_ghost:
                     self.q = max(0.0, self.q - self.STEP_DOWN)
                 else:
@@ -460,8 +463,16 @@ class AdaptiveFullComponent(RadixflowFullComponent):
             self._sums.add(i, c)
         self._tick = len(live)
 
+    def rate(self) -> float:
+        """`loss_rate` without the start-up bias of an average that starts at 0."""
+        if not self.returns:
+            return 0.0
+        return self.loss_rate / (1 - (1 - self.ALPHA) ** self.returns)
+
     def tails_now(self) -> bool:
-        return self.returns >= self.WARMUP and self.loss_rate >= self.THETA and self.q >= self.STEP_DOWN
+        if self.q < self.STEP_DOWN:
+            return False
+        return self.returns < self.WARMUP or self.rate() >= self.THETA
 
     # --------------------------------------------------------------- eviction
     def _evict_device_start(self, request_cnt: int) -> None:
