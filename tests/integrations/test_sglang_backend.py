@@ -181,13 +181,13 @@ def test_water_level_frees_what_is_asked_from_the_deepest():
 
 
 def test_adaptive_tail_cut_levels_the_least_recent_and_keeps_the_recent(monkeypatch):
-    """Tails forced on: a demand is met by levelling the least recently used histories (q = 3/4 of the
-    leaves), each cut at most to one level, not by dropping one history whole; the most recent one
-    is untouched."""
+    """Tails forced on, q = 3/4: a demand is met by levelling the least recently used 3 of 4 histories,
+    each cut to one level, not by dropping one history whole; the most recent one is untouched."""
     from radixflow.integrations.sglang.backend import AdaptiveFullComponent
 
     monkeypatch.setattr(AdaptiveFullComponent, "WARMUP", 0)
     monkeypatch.setattr(AdaptiveFullComponent, "THETA", 0.0)
+    monkeypatch.setattr(AdaptiveFullComponent, "Q_MAX", 0.75)
     sg = twins.SGLangTwin("radixflow-adaptive", 4096, 4)
     hist = [[7] * 16 + [1000 * (h + 1) + i for i in range(128)] for h in range(4)]
     for toks in hist:
