@@ -362,27 +362,28 @@ class AdaptiveFullComponent(RadixflowFullComponent):
     ghost also gives the tokens recency would have hit (the previous length, or only the shared part).
     It reads only the request stream, so what this cache decides does not feed back into it.
 
-    Rule. `rate()`: the share of returns recency loses whole (an average over returns, weight `ALPHA`,
-    corrected for its start at 0). An evict call cuts tails while `q >= STEP_DOWN` and either fewer
-    than `WARMUP` returns were seen (a new cache starts on tails: by the time recency's losses are
-    counted they have happened, and they set the P99) or `rate() >= THETA` (recency loses whole
-    histories on more than THETA of returns: its P99 is a whole history). Otherwise it runs SGLang's
-    own `FullComponent` walk: lru's decisions, node for node. A tail cut takes the `q` least recently
-    used share of the evictable leaves (recency ties: leaf order) and levels them from the deepest
-    down (water-filling: one level for the call, each leaf above it cut to it with one split), until
-    the call's demand is freed. `q` is steered by the hits, once tails have acted and WARMUP returns
-    were seen: after each return, if this cache's hit tokens (`prev_prefix_len`) trail what the ghost
-    says recency would have hit by more than `SLACK` of it (averaged, weight ALPHA), q falls by
-    `STEP_DOWN`, else it rises by `STEP_UP`, within [0, Q_MAX]. Below STEP_DOWN the cache is lru."""
+    Rule. `loss_rate`: the share of returns recency loses whole, averaged over returns (weight
+    `ALPHA`, from 0). An evict call cuts tails only when at least `WARMUP` returns were seen,
+    `loss_rate >= THETA` (recency loses whole histories on more than THETA of returns: its P99 is a
+    whole history) and `q >= STEP_DOWN`; every other call runs SGLang's own `FullComponent` walk:
+    lru's decisions, node for node. A tail cut takes the `q` least recently used share of the
+    evictable leaves (recency ties: leaf order) and levels them from the deepest down (water-filling:
+    one level for the call, each leaf above it cut to it with one split) until the call's demand is
+    freed. `q` starts at `Q_MAX` and is steered by the hits once tails have acted: after each return,
+    if this cache's hit tokens (`prev_prefix_len`) trail what the ghost says recency would have hit
+    (both averaged, weight ALPHA) by more than `SLACK` of it, q falls by `STEP_DOWN`, else it rises
+    by `STEP_UP`, within [0, Q_MAX]; below STEP_DOWN the cache is lru again until the hits catch up.
+    `OPTIMISTIC` (off): cut tails during the warm-up as well."""
 
     policy_kind = "adaptive"
     THETA = 0.03
     ALPHA = 1 / 128
     WARMUP = 32
-    Q_MAX = 1.0
-    STEP_DOWN = 0.02
+    Q_MAX = 0.75
+    STEP_DOWN = 0.05
     STEP_UP = 0.01
-    SLACK = 0.005
+    SLACK = 0.0
+    OPTIMISTIC = False  # tails during the warm-up too (docs/eviction.md: more gain, more losses)
     TICKS = 1 << 15
 
     def __init__(self, cache, params) -> None:
@@ -445,7 +446,7 @@ class AdaptiveFullComponent(RadixflowFullComponent):
             ghost = start if lost else start + c_prev
             self._hit_ghost += a * (ghost - self._hit_ghost)
             self._hit_gap += a * ((hit - ghost) - self._hit_gap)
-            if self.tail_calls and self.returns >= self.WARMUP:  # steer q once tails have acted
+            if self.tail_calls:  # steer q once tails have acted
                 if self._hit_gap < -self.SLACK * self._hit_ghost:
                     self.q = max(0.0, self.q - self.STEP_DOWN)
                 else:
@@ -463,16 +464,10 @@ class AdaptiveFullComponent(RadixflowFullComponent):
             self._sums.add(i, c)
         self._tick = len(live)
 
-    def rate(self) -> float:
-        """`loss_rate` without the start-up bias of an average that starts at 0."""
-        if not self.returns:
-            return 0.0
-        return self.loss_rate / (1 - (1 - self.ALPHA) ** self.returns)
-
     def tails_now(self) -> bool:
-        if self.q < self.STEP_DOWN:
-            return False
-        return self.returns < self.WARMUP or self.rate() >= self.THETA
+        if self.q < self.STEP_DOWN or self.returns < self.WARMUP:
+            return self.OPTIMISTIC and self.q >= self.STEP_DOWN and self.returns < self.WARMUP
+        return self.loss_rate >= self.THETA
 
     # --------------------------------------------------------------- eviction
     def _evict_device_start(self, request_cnt: int) -> None:
