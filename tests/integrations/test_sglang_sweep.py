@@ -59,3 +59,28 @@ def test_adaptive_cuts_tails_where_recency_loses_whole_histories():
     assert r["tail_calls"] > 0
     assert max(base["missed"]) > 0.9 * max(r["missed"] + [1])  # lru loses whole histories here
     assert r["p99"] < base["p99"]
+
+
+def _lru_ghost(monkeypatch, ticks: int):
+    from radixflow.integrations.sglang.backend import AdaptiveFullComponent
+    from radixflow.integrations.sglang.twins import FULL, SGLangTwin
+
+    monkeypatch.setattr(AdaptiveFullComponent, "THETA", 2.0)  # never tails: the cache is lru
+    monkeypatch.setattr(AdaptiveFullComponent, "TICKS", ticks)
+    cfg = _inside()
+    tw = SGLangTwin("radixflow-adaptive", cfg["capacity"], cfg["page"], small_kv=True)
+    sweep.replay(tw, cfg["sessions"], 1.0)
+    comp = tw.cache.components[FULL]
+    assert comp.tail_calls == 0
+    return comp
+
+
+def test_recency_ghost_counts_the_whole_losses_lru_really_has(monkeypatch):
+    """The ghost (stack distances from the request stream alone) counts about the same returns lost
+    whole as the cache, running lru, really loses. With 64 ticks the Fenwick tree is compacted every
+    32 inserts (renumbered, the newest 32 of the 16 trajectories kept): the same counts."""
+    comp = _lru_ghost(monkeypatch, 1 << 15)
+    assert comp.returns > 50 and comp.lost_real > 5  # lru loses whole histories here
+    assert abs(comp.lost_est - comp.lost_real) <= max(2, comp.lost_real // 10)
+    small = _lru_ghost(monkeypatch, 64)
+    assert (small.returns, small.lost_est, small.lost_real) == (comp.returns, comp.lost_est, comp.lost_real)
