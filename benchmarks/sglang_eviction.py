@@ -17,44 +17,20 @@ never asserted.
 from __future__ import annotations
 
 import argparse
-import heapq
 import os
 import statistics
 import time
 
 from radixflow.core.metrics import percentile
+from radixflow.integrations.sglang.sweep import SG_SWEEP, cost_configs, loses, replay, run_config, sweep_configs
 from radixflow.integrations.sglang.twins import IndexTwin, SGLangTwin
 from radixflow.workloads.agentic import AgenticSpec, agentic_sessions
 from radixflow.workloads.multiturn import ChatSpec, chat_sessions
 from radixflow.workloads.sessions import full_prefix_unit
 
-SG = ("lru", "tlru", "radixflow-rr-tail", "radixflow-level-tail", "radixflow-flop-aware")
+SG = ("lru", "tlru", "radixflow-rr-tail", "radixflow-level-tail", "radixflow-flop-aware", "radixflow-adaptive")
 OURS = {"radixflow-rr-tail": "rr-tail", "radixflow-level-tail": "level-tail", "radixflow-flop-aware": "flop-aware",
         "lru": "lru"}
-
-
-def replay(twin, sessions, call_time: float, stop_after: int | None = None):
-    """Missed prompt tokens of every returning call, in call order."""
-    events = [(s.calls[0].delay, 0, i, 0) for i, s in enumerate(sessions)]  # (time, kind 0=start 1=end, s, c)
-    heapq.heapify(events)
-    running, missed, done = {}, [], 0
-    while events:
-        t, kind, si, ci = heapq.heappop(events)
-        s, c = sessions[si], sessions[si].calls[ci]
-        if kind == 0:
-            st = twin.start(list(s.tokens[: c.prompt_end]), c.output_len)
-            if ci > 0:
-                missed.append(c.prompt_end - st["hit"])
-            running[(si, ci)] = st
-            heapq.heappush(events, (t + call_time, 1, si, ci))
-        else:
-            twin.finish(running.pop((si, ci)), list(s.tokens[: c.prompt_end + c.output_len]))
-            done += 1
-            if stop_after is not None and done >= stop_after:
-                return missed
-            if ci + 1 < len(s.calls):
-                heapq.heappush(events, (t + s.calls[ci + 1].delay, 0, si, ci + 1))
-    return missed
 
 
 def evict_cost(sessions, page: int, call_time: float, warm_calls: int, calls: int, need: int,
@@ -102,6 +78,68 @@ def run(name, sessions, capacities, page, call_time, n_a_n):
                   f"{mean_call * 1e3:.3f} ms |")
 
 
+def _x(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "—"
+
+
+def sweep(small: bool = False) -> None:
+    t0 = time.perf_counter()
+    cfgs = sweep_configs(small)
+    print(f"# sweep: {len(cfgs)} configs; lru = SGLang's lru on its default tree core (Rust here); lru@py: the "
+          f"same on the Python core; loss = P99 missed > lru x 1.02 or hit tokens < lru x 0.99; times are CPU time")
+    print("| config | page | pool m (units) | regime | backend | P50 / P99 missed | P99 vs lru | hit vs lru | "
+          "evict calls | per-call × lru | total × lru | request path × lru | loses |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    others = [b for b in SG_SWEEP if b != "lru"]
+    lost = dict.fromkeys(others, 0)
+    slow_call, slow_total = dict.fromkeys(others, 0), dict.fromkeys(others, 0)
+    gains, path = [], {b: [] for b in others}
+    for cfg in cfgs:
+        res = run_config(cfg)
+        base = res["lru"]
+        for b, r in res.items():
+            rel = f"{100 * (r['p99'] / base['p99'] - 1):+.1f} %" if base["p99"] else "—"
+            hit = f"{100 * (r['hit'] / base['hit'] - 1):+.2f} %" if base["hit"] else "—"
+            bad = b != "lru" and loses(r, base)
+            if b != "lru":
+                lost[b] += bad
+                slow_call[b] += bool(base["per_call"]) and r["per_call"] > 2 * base["per_call"]
+                slow_total[b] += r["total"] > 3 * base["total"]
+                path[b].append(r["per_request"] / base["per_request"])
+            mode = "" if r["tail_calls"] is None else f" (tail {r['tail_calls']}/{r['tail_calls'] + r['lru_calls']})"
+            print(f"| {cfg['name']} | {cfg['page']} | {cfg['m']:.1f} | {cfg['regime']} | {b}{mode} | "
+                  f"{r['p50']:.0f} / {r['p99']:.0f} | {rel} | {hit} | {r['calls']} | "
+                  f"{_x(r['per_call'], base['per_call'])} | "
+                  f"{_x(r['total'], base['total'])} | {_x(r['per_request'], base['per_request'])} | "
+                  f"{'LOSS' if bad else ''} |", flush=True)
+        if cfg["regime"] == "inside" and base["p99"]:
+            gains.append(1 - res["radixflow-adaptive"]["p99"] / base["p99"])
+    if not small:
+        print("\n## per-call eviction time at a pool and at 4x that pool (4x the agents), CPU µs (× lru)")
+        print("| config | pool | " + " | ".join(SG_SWEEP) + " |")
+        print("|---|---|" + "---|" * len(SG_SWEEP))
+        for pair in cost_configs():
+            per = []
+            for cfg in pair:
+                res = run_config(cfg)
+                per.append(res)
+                base = res["lru"]["per_call"]
+                print(f"| {cfg['name']} page {cfg['page']} | {cfg['capacity']} | " + " | ".join(
+                    f"{res[b]['per_call'] * 1e6:.0f} ({_x(res[b]['per_call'], base)})" for b in SG_SWEEP) + " |")
+            print("| 4x / 1x per call | | " + " | ".join(_x(per[1][b]["per_call"], per[0][b]["per_call"])
+                                                     for b in SG_SWEEP) + " |", flush=True)
+    print()
+    for b in others:
+        print(f"{b}: {lost[b]} of {len(cfgs)} configs lose to lru")
+    for b in others:
+        print(f"{b}: per-call > 2x lru on {slow_call[b]}, total > 3x lru on {slow_total[b]} of {len(cfgs)} configs; "
+              f"request path (match + lock + allocate/evict + insert) median {statistics.median(path[b]):.2f}x lru")
+    if gains:
+        print(f"radixflow-adaptive median P99 gain over the {len(gains)} configs inside n_a < m < n: "
+              f"{100 * statistics.median(gains):.1f} %")
+    print(f"wall {time.perf_counter() - t0:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--agents", type=int, default=32)
@@ -112,7 +150,14 @@ def main() -> None:
     ap.add_argument("--capacities", default="22,25,28")
     ap.add_argument("--chat-capacities", default="40,60")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sweep", action="store_true", help="the seeded config sweep against lru (see sweep_configs)")
+    ap.add_argument("--small", action="store_true", help="with --sweep: a few small configs")
     args = ap.parse_args()
+    if args.small and not args.sweep:
+        ap.error("--small only goes with --sweep")
+    if args.sweep:
+        sweep(small=args.small)
+        return
     os.environ.setdefault("RADIXFLOW_SGLANG_CHUNK_TOKENS", "64")
     t0 = time.perf_counter()
     agents = agentic_sessions(AgenticSpec(n_agents=args.agents, idle_fraction=0.75, calls=args.calls,

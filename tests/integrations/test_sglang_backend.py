@@ -83,11 +83,17 @@ def test_lru_takes_the_whole_leaf_for_contrast():
     assert sg.kept(list(range(1, 257))) == 0
 
 
-@pytest.mark.parametrize("backend", ["radixflow-rr-tail", "radixflow-level-tail", "radixflow-flop-aware"])
+@pytest.mark.parametrize("backend", ["radixflow-rr-tail", "radixflow-level-tail", "radixflow-flop-aware",
+                                     "radixflow-adaptive"])
 @pytest.mark.parametrize("components,page", TREES)
-def test_locked_and_in_flight_requests_are_never_evicted(backend, components, page):
+def test_locked_and_in_flight_requests_are_never_evicted(backend, components, page, monkeypatch):
     """A request holding a lock (running) and one whose KV is allocated but not inserted (in flight)
-    keep everything through an evict-all; the idle histories go; integrity holds throughout."""
+    keep everything through an evict-all; the idle histories go; integrity holds throughout. (The
+    adaptive backend with its evidence bypassed: tail cuts on every call.)"""
+    from radixflow.integrations.sglang.backend import AdaptiveFullComponent
+
+    monkeypatch.setattr(AdaptiveFullComponent, "WARMUP", 0)
+    monkeypatch.setattr(AdaptiveFullComponent, "THETA", 0.0)
     sg = twins.SGLangTwin(backend, 1024, page, components, max_reqs=64, mamba_slots=64)
     idle = [[50 + h] * page + [100 * (h + 1) + i for i in range(64 * page // 4)] for h in range(4)]
     held = [9] * page + list(range(5000, 5000 + 64))
@@ -161,4 +167,36 @@ def test_flop_aware_split_keeps_the_suffix_recency():
     sg.finish(st, a[:32])
     sg.evict(32)
     assert (sg.kept(a), sg.kept(b)) == (32, 64)
+    sg.check()
+
+
+def test_water_level_frees_what_is_asked_from_the_deepest():
+    from radixflow.integrations.sglang.backend import _water_level
+
+    depths = [100, 80, 40]
+    assert _water_level(depths, int, 10, 1) == 90  # only the deepest is cut
+    assert _water_level(depths, int, 30, 1) == 75  # 100 -> 75, 80 -> 75
+    assert _water_level(depths, int, 30, 16) == 64  # whole pages: at least what is asked
+    assert _water_level(depths, int, 1000, 1) == 0
+
+
+def test_adaptive_tail_cut_levels_the_least_recent_and_keeps_the_recent(monkeypatch):
+    """Tails forced on, q = 3/4: a demand is met by levelling the least recently used 3 of 4 histories,
+    each cut to one level, not by dropping one history whole; the most recent one is untouched."""
+    from radixflow.integrations.sglang.backend import AdaptiveFullComponent
+
+    monkeypatch.setattr(AdaptiveFullComponent, "WARMUP", 0)
+    monkeypatch.setattr(AdaptiveFullComponent, "THETA", 0.0)
+    monkeypatch.setattr(AdaptiveFullComponent, "Q_MAX", 0.75)
+    sg = twins.SGLangTwin("radixflow-adaptive", 4096, 4)
+    hist = [[7] * 16 + [1000 * (h + 1) + i for i in range(128)] for h in range(4)]
+    for toks in hist:
+        st = sg.start(toks, 0)
+        sg.finish(st, toks)
+    sg.evict(96)
+    kept = [sg.kept(t) for t in hist]
+    assert kept[3] == len(hist[3])  # the most recent: outside the cold share
+    assert all(0 < k < len(hist[0]) for k in kept[:3]) and len(set(kept[:3])) == 1  # levelled, none whole
+    assert sum(len(t) - k for t, k in zip(hist, kept)) >= 96
+    assert sg.cache.components[FULL].tail_calls == 1
     sg.check()

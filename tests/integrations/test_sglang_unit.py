@@ -19,7 +19,19 @@ from sglang.srt.mem_cache.registry import get_radix_cache_factory, registered_ra
 from sglang.srt.plugins import load_plugins  # noqa: E402
 
 FULL, MAMBA, SWA = twins.FULL, twins.MAMBA, twins.SWA
-BACKENDS = ["radixflow-rr-tail", "radixflow-level-tail", "radixflow-flop-aware"]
+BACKENDS = ["radixflow-rr-tail", "radixflow-level-tail", "radixflow-flop-aware", "radixflow-adaptive",
+            pytest.param("radixflow-adaptive", id="adaptive-tails")]
+
+
+@pytest.fixture(autouse=True)
+def _adaptive_tails(request, monkeypatch):
+    """`adaptive-tails`: the adaptive backend with its evidence bypassed, so every evict call cuts tails."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and "adaptive-tails" in callspec.id:
+        from radixflow.integrations.sglang.backend import AdaptiveFullComponent
+
+        monkeypatch.setattr(AdaptiveFullComponent, "WARMUP", 0)
+        monkeypatch.setattr(AdaptiveFullComponent, "THETA", 0.0)
 TREES = [pytest.param((FULL,), {}, id="full"), pytest.param((FULL, MAMBA), {}, id="mamba"),
          pytest.param((FULL, SWA), {"sliding_window": 4}, id="swa")]
 
@@ -104,12 +116,13 @@ def test_reset_empties_the_tree(backend):
     assert sg.cache.evictable_size() == 0 and sg.kept(_tokens(1, 30)) == 0
 
 
-def test_plugins_register_the_three_backends():
+def test_plugins_register_the_four_backends():
     """What `--radix-cache-backend` resolves: SGLang's plugin loader finds our entry point."""
     load_plugins()
     names = registered_radix_cache_backends()
-    for name in BACKENDS:
+    for name in twins.BACKENDS:
         assert name in names and get_radix_cache_factory(name).__module__ == "radixflow.integrations.sglang"
+    assert "radixflow-adaptive" in names
 
 
 def test_insert_of_a_held_prefix_keeps_one_copy():

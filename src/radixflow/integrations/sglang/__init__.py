@@ -1,12 +1,13 @@
 """radixflow's eviction as SGLang radix-cache backends: `radixflow-rr-tail`, `radixflow-level-tail`,
-`radixflow-flop-aware`.
+`radixflow-flop-aware`, `radixflow-adaptive` (lru's own walk, or tail cuts while recency's ghost says
+it loses whole histories).
 
     pip install 'radixflow[sglang]'
     python -m sglang.launch_server --model-path MODEL --radix-cache-backend radixflow-level-tail
 
 SGLang loads the `sglang.srt.plugins` entry point `radixflow` (pyproject.toml) in every process
 before it parses arguments; `register()` then calls SGLang's `register_radix_cache_backend` for the
-three names. Each factory builds SGLang's own `UnifiedRadixCache` (`create_unified_radix_cache`) on
+four names. Each factory builds SGLang's own `UnifiedRadixCache` (`create_unified_radix_cache`) on
 the Python tree core with one change: the FULL component's victim choice is our policy's page walk
 (`backend.py`). Importing this package does not import SGLang. See docs/sglang.md.
 `python -m radixflow.integrations.sglang` loads SGLang's plugins and prints the registered backends.
@@ -25,8 +26,9 @@ from radixflow.integrations.sglang.compat import (
 __all__ = ["BACKENDS", "BACKEND_NAMES", "SUPPORTED_SGLANG_VERSION", "UnsupportedSglangError", "build_cache",
            "installed_sglang_version", "register", "require_supported_sglang"]
 
+# --radix-cache-backend name -> cache/eviction.py policy (adaptive: backend.AdaptiveFullComponent)
 BACKENDS = {"radixflow-rr-tail": "rr-tail", "radixflow-level-tail": "level-tail",
-            "radixflow-flop-aware": "flop-aware"}  # --radix-cache-backend name -> cache/eviction.py policy
+            "radixflow-flop-aware": "flop-aware", "radixflow-adaptive": "adaptive"}
 BACKEND_NAMES = tuple(BACKENDS)
 
 
@@ -47,7 +49,7 @@ def _check(ctx) -> None:
 
 def build_cache(params, kind: str):
     """A `UnifiedRadixCache` for `params` (tree_components set) whose FULL eviction runs policy `kind`
-    (`rr-tail`, `level-tail`, `flop-aware`) on the Python tree core."""
+    (`rr-tail`, `level-tail`, `flop-aware`, `adaptive`) on the Python tree core."""
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
@@ -88,7 +90,7 @@ def _refuse(error: Exception):
 
 
 def register() -> list[str]:
-    """The `sglang.srt.plugins` entry point: registers the three backends (idempotent).
+    """The `sglang.srt.plugins` entry point: registers the four backends (idempotent).
 
     On another SGLang version the names are still registered, so that selecting one fails with our
     one line naming the supported version (SGLang would otherwise say the name is unknown); a line is

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 
-from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail
+from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail, _state_at_or_above
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 ACCESS, LEAF = "rf_access", "rf_leaf"  # keys of the FULL component data's metadata (see above)
@@ -45,7 +45,10 @@ DEFAULT_CHUNK_TOKENS = 64  # rr-tail / level-tail chunk, in tokens (our simulato
 
 def make_policy(kind: str, page_size: int):
     """A fresh policy for one cache. RADIXFLOW_SGLANG_CHUNK_TOKENS sets the tail chunk (tokens),
-    RADIXFLOW_SGLANG_RECENCY_WEIGHT flop-aware's recency weight."""
+    RADIXFLOW_SGLANG_RECENCY_WEIGHT flop-aware's recency weight. `adaptive` has no walk of
+    cache/eviction.py (its component chooses, `AdaptiveFullComponent`): None."""
+    if kind == "adaptive":
+        return None
     if kind == "flop-aware":
         return FlopAware(recency_weight=float(os.environ.get("RADIXFLOW_SGLANG_RECENCY_WEIGHT", "0.5")))
     try:
@@ -226,7 +229,7 @@ class RadixflowFullComponent(FullComponent):
             parent = node.parent
             if parent is not None:
                 parent.component_data[FULL].metadata.pop(LEAF, None)  # not a leaf any more
-                self._forget_keys(parent)
+                self._children_changed(parent, len(parent.children), node, added=True)
         self._stamp_path(node)  # our `insert(..., now)` then `touch(node, now)`
 
     def redistribute_on_node_split(self, new_parent, child) -> None:
@@ -241,9 +244,32 @@ class RadixflowFullComponent(FullComponent):
         parent = node.parent  # SGLang deletes `node` from it right after this hook
         self._keys.pop(node.id, None)
         if parent is not None:
-            self._forget_keys(parent)
+            self._children_changed(parent, len(parent.children) - 1, node, added=False)
             if parent is not self.tree_core.root_node and len(parent.children) == 1:
                 parent.component_data[FULL].metadata[LEAF] = self.next_leaf_seq()  # a leaf from now on
+
+    def _children_changed(self, parent, count: int, changed, added: bool) -> None:
+        """`parent` now has `count` children (`changed` was added, or is being deleted). A chain starts
+        where its parent has other than one child, so keys move only when `count` crosses one: at 0
+        `parent` is a leaf (its own key), at 1 after a delete the chain of the one other child now runs
+        through `parent`, and at 2 after an add that other child's chain now stops below it."""
+        keys = self._keys
+        if not keys or parent is self.tree_core.root_node:
+            return
+        if count == 0:
+            keys.pop(parent.id, None)
+        elif count == (2 if added else 1):
+            for child in parent.children.values():
+                if child is not changed:
+                    self._forget_chain(child)
+            keys.pop(parent.id, None)
+
+    def _forget_chain(self, child) -> None:
+        n = child
+        while len(n.children) == 1:
+            (n,) = n.children.values()
+        if not n.children:
+            self._keys.pop(n.id, None)
 
     def _forget_keys(self, node) -> None:
         """Drops the trajectory keys a change of `node`'s children can change: `node`'s own, and those
@@ -265,6 +291,9 @@ class RadixflowFullComponent(FullComponent):
         self._walk = None
         self._started = False
 
+    def _start_walk(self, view, need: int):
+        return self.policy.page_walk(view, need)
+
     def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
         done = tracker[FULL]
         try:
@@ -276,7 +305,7 @@ class RadixflowFullComponent(FullComponent):
                 if len(self._depths) > 4 * len(self.tree_core._node_arena) + 64:
                     self._depths.clear()  # nodes SGLang deleted on its own paths
                 view = SGLangTreeView(self, depths=self._depths, keys=self._keys)
-                self._walk = self.policy.page_walk(view, need)
+                self._walk = self._start_walk(view, need)
                 victim = next(self._walk)
             elif self._walk is None:
                 return None
@@ -296,7 +325,263 @@ class RadixflowFullComponent(FullComponent):
         self._walk = None
 
 
+class _Fenwick:
+    """Prefix sums over insert ticks 1..size (a binary indexed tree)."""
+
+    __slots__ = ("size", "tree")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.tree = [0] * (size + 1)
+
+    def add(self, i: int, v: int) -> None:
+        tree, n = self.tree, self.size
+        while i <= n:
+            tree[i] += v
+            i += i & -i
+
+    def prefix(self, i: int) -> int:
+        tree, total = self.tree, 0
+        while i > 0:
+            total += tree[i]
+            i -= i & -i
+        return total
+
+
+class AdaptiveFullComponent(RadixflowFullComponent):
+    """`radixflow-adaptive`: SGLang's own LRU walk, or a leveling tail cut over the least recently
+    used trajectories, chosen per evict call from what the cache has observed (docs/eviction.md,
+    "radixflow-adaptive").
+
+    Evidence, a recency ghost (ARC's idea, at trajectory grain): every insert is one access of a
+    trajectory, keyed where its unshared chain starts (the rotation's key). A directory keeps each
+    trajectory's last insert tick and private length, and a Fenwick tree over ticks holds the private
+    tokens of every trajectory at its last access; so the tokens touched since a trajectory's previous
+    access (its LRU stack distance) are one prefix sum, and a return whose stack distance plus its own
+    length exceeds the pool is one that recency would have lost whole, whatever this cache did. The
+    ghost also gives the tokens recency would have hit (the previous length, or only the shared part).
+    It reads only the request stream, so what this cache decides does not feed back into it.
+
+    Rule. `loss_rate`: the share of returns recency loses whole, averaged over returns (weight
+    `ALPHA`, from 0). An evict call cuts tails only when at least `WARMUP` returns were seen,
+    `loss_rate >= THETA` (recency loses whole histories on more than THETA of returns: its P99 is a
+    whole history) and `q >= STEP_DOWN`; every other call runs SGLang's own `FullComponent` walk:
+    lru's decisions, node for node. A tail cut takes the `q` least recently used share of the
+    evictable leaves (recency ties: leaf order) and levels them from the deepest down (water-filling:
+    one level for the call, each leaf above it cut to it with one split) until the call's demand is
+    freed. `q` starts at `Q_MAX` and is steered by the hits once tails have acted: after each return,
+    if this cache's hit tokens (`prev_prefix_len`) trail what the ghost says recency would have hit
+    (both averaged, weight ALPHA) by more than `SLACK` of it, q falls by `STEP_DOWN`, else it rises
+    by `STEP_UP`, within [0, Q_MAX]; below STEP_DOWN the cache is lru again until the hits catch up.
+    `OPTIMISTIC` (off): cut tails during the warm-up as well."""
+
+    policy_kind = "adaptive"
+    THETA = 0.03
+    ALPHA = 1 / 128
+    WARMUP = 32
+    Q_MAX = 0.75
+    STEP_DOWN = 0.05
+    STEP_UP = 0.01
+    SLACK = 0.0
+    OPTIMISTIC = False  # tails during the warm-up too (docs/eviction.md: more gain, more losses)
+    TICKS = 1 << 15
+
+    def __init__(self, cache, params) -> None:
+        super().__init__(cache, params)
+        alloc = params.token_to_kv_pool_allocator
+        alloc = getattr(alloc, "full_attn_allocator", alloc)
+        self.pool_tokens = int(alloc.size) if alloc is not None else 0
+        self._traj: dict[tuple, tuple[int, int]] = {}  # key -> (last insert tick, private tokens)
+        self._sums = _Fenwick(self.TICKS)
+        self._tick = 0
+        self.returns = 0
+        self.lost_est = self.lost_real = 0  # returns recency would lose whole (ghost) / this cache lost whole
+        self.loss_rate = 0.0
+        self.q = self.Q_MAX
+        self._hit_ghost = 0.0  # averaged hit tokens per return recency would have given (ghost)
+        self._hit_gap = 0.0  # averaged (our hit - recency's) per return
+        self.tail_calls = 0  # evict calls that cut tails (tests and the benchmark read them)
+        self.lru_calls = 0
+        self._lru = False
+
+    # --------------------------------------------------------------- evidence
+    def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions) -> None:
+        super().commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
+        root = self.tree_core.root_node
+        if node is root:
+            return
+        end = self._depth_of(node)
+        chain = node
+        while chain.parent is not root and len(chain.parent.children) == 1:
+            chain = chain.parent  # up to where the unshared chain starts
+        start = end - sum_keys(node, chain)
+        extra = chain.key.extra_key
+        key = ("" if extra is None else str(extra), start, tuple(chain.key.token_ids[:8]))
+        self._observe(key, end - start, int(getattr(params, "prev_prefix_len", 0) or 0))
+
+    def _depth_of(self, node) -> int:
+        root, d = self.tree_core.root_node, 0
+        while node is not root:
+            d += len(node.key)
+            node = node.parent
+        return d
+
+    def _observe(self, key: tuple, tokens: int, hit: int) -> None:
+        if self._tick + 1 > self.TICKS:
+            self._compact()
+        self._tick += 1
+        now = self._tick
+        prev = self._traj.get(key)
+        if prev is not None:
+            t_prev, c_prev = prev
+            self._sums.add(t_prev, -c_prev)
+            since = self._sums.prefix(now - 1) - self._sums.prefix(t_prev)
+            start = key[1]
+            lost = since + c_prev + start > self.pool_tokens
+            self.returns += 1
+            self.lost_est += lost
+            self.lost_real += hit <= start
+            a = self.ALPHA
+            self.loss_rate += a * ((1.0 if lost else 0.0) - self.loss_rate)
+            ghost = start if lost else start + c_prev
+            self._hit_ghost += a * (ghost - self._hit_ghost)
+            self._hit_gap += a * ((hit - ghost) - self._hit_gap)
+            if self.tail_calls:  # steer q once tails have acted
+                if self._hit_gap < -self.SLACK * self._hit_ghost:
+                    self.q = max(0.0, self.q - self.STEP_DOWN)
+                else:
+                    self.q = min(self.Q_MAX, self.q + self.STEP_UP)
+        self._sums.add(now, tokens)
+        self._traj[key] = (now, tokens)
+
+    def _compact(self) -> None:
+        """Renumbers the live trajectories' ticks 1..k (oldest first), dropping the oldest half."""
+        live = sorted(self._traj.items(), key=lambda kv: kv[1][0])[-(self.TICKS // 2):]
+        self._sums = _Fenwick(self.TICKS)
+        self._traj = {}
+        for i, (key, (_, c)) in enumerate(live, 1):
+            self._traj[key] = (i, c)
+            self._sums.add(i, c)
+        self._tick = len(live)
+
+    def tails_now(self) -> bool:
+        if self.q < self.STEP_DOWN or self.returns < self.WARMUP:
+            return self.OPTIMISTIC and self.q >= self.STEP_DOWN and self.returns < self.WARMUP
+        return self.loss_rate >= self.THETA
+
+    # --------------------------------------------------------------- eviction
+    def _evict_device_start(self, request_cnt: int) -> None:
+        self._lru = not self.tails_now()
+        if self._lru:
+            self.lru_calls += 1
+            FullComponent._evict_device_start(self, request_cnt)
+            return
+        self.tail_calls += 1
+        super()._evict_device_start(request_cnt)
+
+    def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
+        if self._lru:
+            return FullComponent._evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions)
+        return super()._evict_device_next_node(tracker, device_frees, host_frees, cache_actions)
+
+    def _evict_device_end(self) -> None:
+        if self._lru:
+            FullComponent._evict_device_end(self)
+            return
+        super()._evict_device_end()
+
+    def _start_walk(self, view, need: int):
+        return self._cold_level_walk(view, need)
+
+    def _cold_level_walk(self, view: SGLangTreeView, need: int):
+        unit = view.unit
+        freed = 0
+        while freed < need:
+            leaves = self._by_recency()
+            if not leaves:
+                return
+            cold = leaves[: max(1, int(len(leaves) * self.q + 0.999))]
+            depth = view.depth
+            cold.sort(key=depth, reverse=True)  # stable: the least recent first among equal depths
+            level = _water_level(cold, depth, need - freed, unit)
+            progressed = False
+            for leaf in cold:
+                if depth(leaf) <= level:
+                    break
+                if not view.is_leaf(leaf) or not view.evictable(leaf):
+                    continue
+                got = 0
+                for victim in _cut_to(view, leaf, level):
+                    got += yield victim
+                freed += got
+                progressed |= got > 0
+                if freed >= need:
+                    return
+            if not progressed:
+                return
+
+    def _by_recency(self) -> list:
+        """Evictable leaves, least recently used first (our stamps; ties: the order they became leaves)."""
+        keyed = []
+        for n in self.tree_core.evictable_device_leaves:
+            md = n.component_data[FULL].metadata
+            seq = md.get(LEAF)
+            if seq is None:
+                seq = md[LEAF] = self.next_leaf_seq()
+            keyed.append((md.get(ACCESS, 0), seq, n))
+        keyed.sort(key=_two)
+        return [n for _, _, n in keyed]
+
+
+def _two(t):
+    return t[0], t[1]
+
+
+def _water_level(leaves: list, depth, need: int, unit: int) -> int:
+    """The deepest level (a multiple of `unit`) such that cutting every leaf of `leaves` (sorted
+    deepest first) down to it frees at least `need` tokens (0 when even that does not)."""
+    total = 0
+    for i, leaf in enumerate(leaves):
+        total += depth(leaf)
+        nxt = depth(leaves[i + 1]) if i + 1 < len(leaves) else 0
+        level = (total - need) // (i + 1)  # the top i + 1 leaves cut to `level` free `need`
+        if level >= nxt:
+            return max(0, level // unit * unit)
+    return 0
+
+
+def sum_keys(node, top) -> int:
+    """Tokens on the path from `top` down to `node`, both included."""
+    total = len(node.key)
+    while node is not top:
+        node = node.parent
+        total += len(node.key)
+    return total
+
+
+def _cut_to(view: SGLangTreeView, leaf, target: int):
+    """Victims that shorten `leaf`'s trajectory to `target` tokens (on a hybrid tree, to the deepest
+    state at or above it), one leaf at a time, splitting the last one; stops at a shared or locked
+    node."""
+    if view.hybrid:
+        target = _state_at_or_above(view, leaf, target)
+    node = leaf
+    while view.depth(node) > target and not view.is_root(node):
+        if view.has_children(node) or not view.evictable(node):
+            return
+        if view.start(node) >= target:
+            parent = view.parent(node)
+            yield node
+            node = parent
+            continue
+        view.split(node, target)  # `node` keeps the tail
+        yield node
+        return
+
+
 def component_class(kind: str) -> type[RadixflowFullComponent]:
     """A FULL component class for `component_registry_override` running policy `kind`."""
+    if kind == "adaptive":
+        return AdaptiveFullComponent
     return type(f"Radixflow{kind.title().replace('-', '')}FullComponent", (RadixflowFullComponent,),
                 {"policy_kind": kind})

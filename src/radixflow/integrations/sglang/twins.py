@@ -12,6 +12,7 @@ cache gave each request, so the decisions of two policies can be compared call b
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from array import array
 
@@ -39,9 +40,12 @@ SGLANG_POLICIES = ("lru", "tlru")  # SGLang's own, by --radix-eviction-policy na
 
 
 def sglang_cache(backend: str, capacity: int, page_size: int = 1, components=(FULL,), max_reqs: int = 64,
-                 mamba_slots: int = 256, sliding_window: int | None = None, small_kv: bool = False):
+                 mamba_slots: int = 256, sliding_window: int | None = None, small_kv: bool = False,
+                 core: str = "python"):
     """(cache, allocator, req pool): SGLang's cache from its test kit, FULL eviction by `backend`
-    (a radixflow backend name, or one of SGLang's policies `lru`, `tlru`)."""
+    (a radixflow backend name, or one of SGLang's policies `lru`, `tlru`). `core="default"`: SGLang's
+    default tree core (Rust where it loads; SGLang falls back to Python on its own), what an lru user
+    runs; only for SGLang's policies (a component override needs the Python core)."""
     policy = backend if backend in SGLANG_POLICIES else "lru"
     cfg = CacheConfig(page_size=page_size, components=tuple(components), kv_size=capacity,
                       max_num_reqs=max_reqs, max_context_len=capacity, mamba_cache_size=mamba_slots,
@@ -54,7 +58,17 @@ def sglang_cache(backend: str, capacity: int, page_size: int = 1, components=(FU
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose from {', '.join((*BACKENDS, *SGLANG_POLICIES))}")
         override = {FULL: component_class(BACKENDS[backend])}
-    return build_fixture(cfg, component_registry_override=override)
+    cache, alloc, pool = build_fixture(cfg, component_registry_override=override)
+    if core == "default":
+        if override is not None:
+            raise ValueError(f"{backend} runs on the Python tree core only (a component override)")
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        params = dataclasses.replace(cache.cache_init_params, tree_core_backend=None)
+        cache = UnifiedRadixCache(params=params)  # the same allocator and pools, a fresh tree
+    elif core != "python":
+        raise ValueError(f"unknown tree core {core!r}: python or default")
+    return cache, alloc, pool
 
 
 class SGLangTwin:
@@ -65,7 +79,10 @@ class SGLangTwin:
         self.cache, self.alloc, self.pool = sglang_cache(backend, capacity, page_size, components, **kw)
         self.page_size = page_size
         self.mamba = MAMBA in components
-        self.evict_calls: list[float] = []  # seconds per cache.evict call
+        self.evict_calls: list[float] = []  # CPU seconds per cache.evict call
+        self.held = 0  # tokens allocated to requests that have not inserted them yet
+        self.request_cpu = 0.0  # CPU seconds in start + finish (match, lock, allocate, evict, insert, unlock)
+        self.requests = 0
         self._rid = 0
 
     def _req(self):
@@ -81,13 +98,23 @@ class SGLangTwin:
         return self.cache.tree_core.match_prefix(MatchPrefixParams(key=key)).device_prefix_len
 
     def evict(self, n: int) -> int:
-        t0 = time.perf_counter()
+        # CPU time of this process, not wall time: the machine is shared, and an evict call is
+        # single-threaded Python (and Rust, for SGLang's default core) that never waits.
+        t0 = time.process_time()
         got = self.cache.evict(EvictParams(num_tokens=n)).num_tokens_evicted
-        self.evict_calls.append(time.perf_counter() - t0)
+        self.evict_calls.append(time.process_time() - t0)
         return got
 
     def start(self, prompt, new_tokens: int):
         """A request arrives: match, lock, allocate for the uncached prompt and `new_tokens` more."""
+        t0 = time.process_time()
+        try:
+            return self._start(prompt, new_tokens)
+        finally:
+            self.request_cpu += time.process_time() - t0
+            self.requests += 1
+
+    def _start(self, prompt, new_tokens: int):
         m = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", prompt))))
         hit = m.device_prefix_len
         lock = self.cache.inc_lock_ref(m.last_device_node)
@@ -98,12 +125,20 @@ class SGLangTwin:
         fresh = self.alloc.alloc(need)
         if fresh is None:
             raise RuntimeError(f"SGLang cache ({self.backend}) cannot hold a {need}-token request")
+        self.held += len(fresh)
         prefix = self.cache.path_device_indices(m.last_device_node)[:hit]
         return {"hit": hit, "node": m.last_device_node, "lock": lock, "prefix": prefix,
                 "fresh": fresh, "req": self._req() if self.mamba else None}
 
     def finish(self, state, tokens) -> None:
         """The request ends: its whole page-aligned sequence goes into the tree, the lock is released."""
+        t0 = time.process_time()
+        try:
+            self._finish(state, tokens)
+        finally:
+            self.request_cpu += time.process_time() - t0
+
+    def _finish(self, state, tokens) -> None:
         n = len(tokens) // self.page_size * self.page_size
         value = torch.cat([state["prefix"].to(torch.int64), state["fresh"].to(torch.int64)])
         # prev_prefix_len: the slots below it are the tree's own; SGLang frees our duplicates above it.
@@ -112,6 +147,7 @@ class SGLangTwin:
         if state["req"] is not None:
             params.mamba_value = state["req"].kv.mamba_pool_idx.unsqueeze(0)
         self.cache.insert(params)
+        self.held -= len(state["fresh"])
         if len(value) > n:
             self.alloc.free(value[n:])
         self.cache.dec_lock_ref(state["node"], state["lock"].to_dec_params())
@@ -119,13 +155,14 @@ class SGLangTwin:
             self.pool.free_rows([state["req"].kv.req_pool_idx])  # its Mamba state now belongs to the tree
 
     def check(self) -> None:
-        """SGLang's own integrity check, and the allocator ledger: free + evictable + protected = size."""
+        """SGLang's own integrity check, and the allocator ledger: free + evictable + protected + held
+        (allocated to running requests, not inserted yet) = size."""
         self.cache.sanity_check()
         core = self.cache.tree_core
-        total = core.component_evictable_size_[FULL] + core.component_protected_size_[FULL]
+        total = core.component_evictable_size(FULL) + core.component_protected_size(FULL)
         a = self.alloc.full_attn_allocator if hasattr(self.alloc, "full_attn_allocator") else self.alloc
-        assert a.available_size() + total == a.size, (
-            f"ledger: free {a.available_size()} + evictable/protected {total} != {a.size}")
+        assert a.available_size() + total + self.held == a.size, (
+            f"ledger: free {a.available_size()} + evictable/protected {total} + held {self.held} != {a.size}")
 
 
 class IndexTwin:

@@ -1,0 +1,190 @@
+"""The sweep of benchmarks/sglang_eviction.py --sweep (and its test version): seeded configs, the
+open replay through SGLang's cache (twins.py), and what counts as a loss to lru. Imports SGLang.
+
+A config is a session workload, a page size and a pool. Agentic: n agents, idle fraction s, n_a =
+(1 - s) n active on average, history growth per call; pools in units of the mean private history
+(`full_prefix_unit`) below, inside and above n_a < m < n, never under 1.1x the peak of what running
+calls hold at once (the open replay cannot wait for room; that floor rules out every pool below n_a
+here). Multi-turn chat, and a shared-prefix document mix (readers re-reading long documents).
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import random
+import statistics
+
+from radixflow.core.metrics import percentile
+from radixflow.integrations.sglang.twins import FULL, SGLangTwin
+from radixflow.workloads.agentic import AgenticSpec, agentic_sessions
+from radixflow.workloads.multiturn import ChatSpec, chat_sessions
+from radixflow.workloads.sessions import CallSpec, Session, full_prefix_unit
+
+# lru: SGLang's lru on its default tree core (what a user runs); lru@py: the same on the Python core.
+SG_SWEEP = ("lru", "lru@py", "radixflow-rr-tail", "radixflow-level-tail", "radixflow-flop-aware",
+            "radixflow-adaptive")
+
+
+def replay(twin, sessions, call_time: float, stop_after: int | None = None, stats: dict | None = None,
+           check: bool = False):
+    """Missed prompt tokens of every returning call, in call order. `stats` gets `hit` (hit tokens of
+    all calls); `check`: SGLang's sanity check and the pool ledger after every start and finish."""
+    events = [(s.calls[0].delay, 0, i, 0) for i, s in enumerate(sessions)]  # (time, kind 0=start 1=end, s, c)
+    heapq.heapify(events)
+    running, missed, done, hit = {}, [], 0, 0
+    while events:
+        t, kind, si, ci = heapq.heappop(events)
+        s, c = sessions[si], sessions[si].calls[ci]
+        if kind == 0:
+            st = twin.start(list(s.tokens[: c.prompt_end]), c.output_len)
+            if ci > 0:
+                missed.append(c.prompt_end - st["hit"])
+            hit += st["hit"]
+            if check:
+                twin.check()
+            running[(si, ci)] = st
+            heapq.heappush(events, (t + call_time, 1, si, ci))
+        else:
+            twin.finish(running.pop((si, ci)), list(s.tokens[: c.prompt_end + c.output_len]))
+            if check:
+                twin.check()
+            done += 1
+            if stop_after is not None and done >= stop_after:
+                break
+            if ci + 1 < len(s.calls):
+                heapq.heappush(events, (t + s.calls[ci + 1].delay, 0, si, ci + 1))
+    if stats is not None:
+        stats["hit"] = hit
+    return missed
+
+
+def doc_sessions(readers: int, docs: int, doc_len: int, seed: int, questions: int = 3) -> list[Session]:
+    """A shared-prefix document mix: one system prompt, `docs` long documents; each reader re-reads one
+    document (the first ones more often) over `questions` calls, thinking ~4 s between them."""
+    rng = random.Random(seed)
+    system = tuple(range(1, 257))
+    texts = [tuple(100_000 * (d + 1) + i for i in range(doc_len)) for d in range(docs)]
+    out = []
+    for r in range(readers):
+        d = min(int(rng.paretovariate(1.2)) - 1, docs - 1)
+        toks, calls = list(system) + list(texts[d]), []
+        delay = rng.uniform(0, 10.0 * readers)  # arrivals spread: a reader or two at a time
+        for q in range(questions):
+            toks += [10_000_000 + 1000 * r + 100 * q + i for i in range(32)]
+            calls.append(CallSpec(prompt_end=len(toks), output_len=16, delay=delay))
+            toks += [20_000_000 + 1000 * r + 100 * q + i for i in range(16)]
+            delay = rng.expovariate(1 / 4.0)
+        out.append(Session(sid=f"reader{r}", namespace="", tokens=tuple(toks), calls=calls, shared_len=len(system)))
+    return out
+
+
+def peak_footprint(sessions, call_time: float, page: int) -> int:
+    """Most tokens running calls hold at once (prompt + answer, whole pages): no pool can be smaller."""
+    events = [(s.calls[0].delay, 0, i, 0) for i, s in enumerate(sessions)]
+    heapq.heapify(events)
+    held = peak = 0
+    while events:
+        t, kind, si, ci = heapq.heappop(events)
+        c = sessions[si].calls[ci]
+        size = -(-(c.prompt_end + c.output_len) // page) * page
+        if kind == 0:
+            held += size
+            peak = max(peak, held)
+            heapq.heappush(events, (t + call_time, 1, si, ci))
+        else:
+            held -= size
+            if ci + 1 < len(sessions[si].calls):
+                heapq.heappush(events, (t + sessions[si].calls[ci + 1].delay, 0, si, ci + 1))
+    return peak
+
+
+def sweep_configs(small: bool = False) -> list[dict]:
+    """Seeded configs: agentic (n agents, idle fraction s, n_a = (1 - s) n, pools below, inside and above
+    n_a < m < n in units of the mean private history), multi-turn chat, a shared-prefix document mix."""
+    agentic = [(8, 0.75, 32, 16, 1024), (16, 0.75, 32, 16, 1024), (16, 0.9, 128, 16, 1024), (32, 0.5, 32, 16, 1024),
+               (32, 0.75, 32, 16, 1024), (32, 0.9, 64, 16, 1024), (64, 0.75, 32, 16, 1024), (64, 0.9, 32, 16, 1024),
+               (8, 0.5, 32, 16, 1024), (64, 0.5, 32, 16, 1024), (32, 0.75, 128, 16, 1024), (48, 0.9, 32, 16, 512),
+               (8, 0.5, 32, 1, 512), (16, 0.75, 32, 1, 512), (24, 0.9, 32, 1, 512)]
+    if small:
+        agentic = [(8, 0.75, 32, 16, 512)]
+    out = []
+    for i, (n, s, grow, page, ctx) in enumerate(agentic):
+        spec = AgenticSpec(n_agents=n, idle_fraction=s, calls=12 if not small else 8, system_len=256, context_len=ctx,
+                           append_len=grow, output_len=8, tool_latency="exp", call_time=1.0, seed=100 + i)
+        sessions = agentic_sessions(spec)
+        n_a = n * (1 - s)
+        pools = (0.8 * n_a, n_a + (n - n_a) / 3, n_a + 2 * (n - n_a) / 3, 1.15 * n)
+        if small:
+            pools = (n_a + (n - n_a) / 3, 1.15 * n)
+        out += _pooled(f"agentic n={n} s={s} +{grow}/call", sessions, page, pools, n_a, n)
+    chats = [(32, 16), (32, 1)] if not small else [(12, 16)]
+    for users, page in chats:
+        sessions = chat_sessions(ChatSpec(users=users, turns=5, think_time=5.0, rewrite_fraction=0.25, seed=users))
+        n_a = users / 6  # 1 s calls, 5 s think time
+        out += _pooled(f"multi-turn users={users}", sessions, page, (n_a + (users - n_a) / 3, 0.6 * users), n_a, users)
+    docs = [(48, 16), (48, 1)] if not small else []
+    for readers, page in docs:
+        sessions = doc_sessions(readers, 8, 1536, seed=readers + page)
+        out += _pooled(f"documents readers={readers} docs=8", sessions, page, (4.0, 6.0), None, None, unit=1536)
+    return out
+
+
+def _pooled(name, sessions, page, pools, n_a, n, unit=None) -> list[dict]:
+    u, shared = full_prefix_unit(sessions)
+    unit = unit or u
+    floor = int(1.1 * peak_footprint(sessions, 1.0, page))
+    out, caps = [], set()
+    for x in pools:
+        cap = max(int(shared + x * unit), floor) // page * page + page
+        if cap in caps:
+            continue  # the pool floor (the peak of running calls) made two pools one
+        caps.add(cap)
+        xm = (cap - shared) / unit
+        regime = "mix" if n is None else ("below" if xm <= n_a else "inside" if xm < n else "above")
+        out.append({"name": name, "sessions": sessions, "page": page, "capacity": cap, "m": xm, "regime": regime,
+                    "n_a": n_a, "n": n})
+    return out
+
+
+def run_config(cfg: dict, backends=SG_SWEEP, check: bool = False) -> dict:
+    """Every backend on one config (same requests): missed / hit tokens, eviction time per call and in all."""
+    res = {}
+    for b in backends:
+        name, core = (b[:-len("@py")], "python") if b.endswith("@py") else (b, "default" if b in ("lru", "tlru")
+                                                                             else "python")
+        tw = SGLangTwin(name, cfg["capacity"], cfg["page"], small_kv=True, core=core)
+        gc.collect()
+        st: dict = {}
+        missed = replay(tw, cfg["sessions"], 1.0, stats=st, check=check)
+        comp = tw.cache.components[FULL]
+        res[b] = {"missed": missed, "p50": percentile(missed, 0.5), "p99": percentile(missed, 0.99), "hit": st["hit"],
+                  "calls": len(tw.evict_calls), "total": sum(tw.evict_calls),
+                  "per_call": statistics.mean(tw.evict_calls) if tw.evict_calls else 0.0,
+                  "per_request": tw.request_cpu / max(1, tw.requests),
+                  "tail_calls": getattr(comp, "tail_calls", None), "lru_calls": getattr(comp, "lru_calls", None)}
+    return res
+
+
+def cost_configs() -> list[tuple[dict, dict]]:
+    """(pool, 4x pool) pairs for the per-call cost: the same agentic shape with 4x the agents and 4x the
+    pool (inside n_a < m < n), so the tree is 4x larger and as full."""
+    out = []
+    for n, s, page in ((8, 0.75, 16), (16, 0.75, 16), (16, 0.75, 1)):
+        pair = []
+        for scale in (1, 4):
+            sessions = agentic_sessions(AgenticSpec(n_agents=n * scale, idle_fraction=s, calls=8, system_len=256,
+                                                    context_len=1024 if page > 1 else 512, append_len=32,
+                                                    output_len=8, seed=5))
+            n_a = n * scale * (1 - s)
+            pair.append(_pooled(f"agentic n={n * scale} s={s}", sessions, page, (n_a + (n * scale - n_a) / 2,),
+                                n_a, n * scale)[0])
+        out.append(tuple(pair))
+    return out
+
+
+def loses(r: dict, base: dict) -> bool:
+    """A loss to lru: P99 missed above lru x 1.02, or hit tokens below lru x 0.99."""
+    return r["p99"] > base["p99"] * 1.02 or r["hit"] < base["hit"] * 0.99
+
+
