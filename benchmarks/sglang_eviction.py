@@ -158,6 +158,13 @@ def main() -> None:
     if args.sweep:
         sweep(small=args.small)
         return
+    try:
+        fixed_runs(args)
+    except RuntimeError as e:  # a pool smaller than one request: one line naming the flag, not a traceback
+        ap.error(f"--capacities / --chat-capacities: {e}")
+
+
+def fixed_runs(args: argparse.Namespace) -> None:
     os.environ.setdefault("RADIXFLOW_SGLANG_CHUNK_TOKENS", "64")
     t0 = time.perf_counter()
     agents = agentic_sessions(AgenticSpec(n_agents=args.agents, idle_fraction=0.75, calls=args.calls,
