@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fidelity import concat, reference
 
+from fidelity import concat, reference
 from radixflow.engine.loader import load_model
 from radixflow.engine.models import RowInput
 

@@ -3,8 +3,8 @@
 import math
 
 import pytest
-from fidelity import set_threads
 
+from fidelity import set_threads
 from radixflow import LLM, SamplingParams
 
 
