@@ -77,6 +77,9 @@ def _handoff_info(mode: str, choices: dict, log: list, cal, levels_log: list = (
         costs = cal.handoff_costs()
         info["fit"] = None if costs is None else {"round": costs.round, "token": costs.token, "level": costs.level,
                                                   "level_row": costs.level_row, "wait": costs.wait}
+        b = cal.base_fit  # level 0's recurrent work: what the extra levels' rows are priced by
+        info["level0_fit"] = {"base": b[0], "decode_row": b[1], "prefill_row": b[2], "prefill_token": b[3],
+                              "longest_token": b[4]}
         info["probe_seconds"] = cal.probe_seconds
     return info
 
@@ -204,6 +207,11 @@ def run(args) -> int:
             line += (f"; fitted: round {1000 * fit['round']:.1f} ms + {1000 * fit['token']:.3f} ms/token, level "
                      f"{1000 * fit['level']:.2f} ms + {1000 * fit['level_row']:.2f} ms/row, wait "
                      f"{1000 * (fit['wait'] or 0):.0f} ms")
+        b = info.get("level0_fit")
+        if b and info["cost"]["levels"]:
+            line += (f"; level 0 fitted: {1000 * b['base']:.2f} ms + {1000 * b['decode_row']:.3f} ms/1-token row + "
+                     f"{1000 * b['prefill_row']:.3f} ms/longer row + {1000 * b['prefill_token']:.4f} ms/token + "
+                     f"{1000 * b['longest_token']:.4f} ms/token of the longest")
         print(line)
     print(f"benchmarked {len(runs)} run(s) in {wall:.1f} s")
     if args.json_path:
@@ -225,5 +233,6 @@ def run(args) -> int:
                 d["handoff_marginal_time"] = cost["marginal"]
                 d["handoff_gross_share"] = d["handoff_time"] / host
                 d["handoff_marginal_share"] = cost["marginal"] / host
+                d["handoff_level0_fit"] = info.get("level0_fit")
         write_json(args.json_path, payload)
     return 0
