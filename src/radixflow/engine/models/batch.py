@@ -358,6 +358,10 @@ class Level:
             return self.chunk_plan(chunk)
         key = -chunk  # the choice, cached per model chunk
         if key not in self._chunk_plans:
-            shapes = {c: plan_shape(self._plan_rows, c, self.batch.hands) for c in chunk_candidates(chunk)}
-            self._chunk_plans[key] = self.chunk_plan(costs.choose(shapes))
+            candidates = chunk_candidates(chunk)
+            if costs.fixed in candidates:  # what `choose` returns whatever the shapes: skip measuring them
+                pick = costs.fixed
+            else:
+                pick = costs.choose({c: plan_shape(self._plan_rows, c, self.batch.hands) for c in candidates})
+            self._chunk_plans[key] = self.chunk_plan(pick)
         return self._chunk_plans[key]
