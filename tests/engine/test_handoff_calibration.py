@@ -66,6 +66,14 @@ def test_marginal_level_cost_is_measured_less_its_rows_priced_at_level_0():
     assert cost["level0_equivalent"] == pytest.approx(0.00205, rel=1e-6)
     assert cost["marginal"] == pytest.approx(0.0041 - 0.00205, rel=1e-6)  # may be < gross only by the price
     assert levels_cost([]) == {"levels": 0, "gross": 0.0, "level0_equivalent": 0.0, "marginal": 0.0}
+    # level 0 got 10x dearer per token: the fit follows once BASE_REFIT rounds more were seen, not before
+    from radixflow.engine.calibration import BASE_REFIT
+
+    for i in range(BASE_REFIT):
+        assert cal.base_fit[3] == pytest.approx(0.00001, rel=1e-6)
+        tokens = 50 + 37 * i
+        cal.observe_base(i % 5, 1 + i % 4, tokens, 20 + i, 0.002 + 0.0003 * (1 + i % 4) + 0.0001 * tokens)
+    assert cal.base_fit[3] > 0.00003
 
 
 def test_nnls_keeps_every_coefficient_non_negative():

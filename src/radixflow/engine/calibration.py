@@ -21,9 +21,10 @@ scratch cache, before the first round) and carried over from one engine to the n
     level 0's time = base + decode_row * 1-token rows + prefill_row * longer rows
                      + prefill_token * their tokens + base_longest_token * the longest row's tokens;
   `level0_equivalent` prices a level's rows with the per-row and per-token terms only (what adding
-  them to level 0 costs: its fixed part and its longest row are there anyway), and `marginal_level`
-  is the measured time less that. The executor records (measured, level-0 equivalent) of every level
-  in `levels_log`; `bench` and `/metrics` report both sums (docs/handoff.md).
+  them to level 0 costs: its fixed part and its longest row are there anyway; the fit is remade every
+  `BASE_REFIT` rounds), and the level's marginal cost is its measured time less that (`levels_cost`).
+  The executor records (measured, level-0 equivalent) of every level in `levels_log`; `bench` and
+  `/metrics` report both sums (docs/handoff.md).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from radixflow.engine.models.cache import RowInput
 from radixflow.engine.models.chunk_plan import ScanCosts, build_chunk_plan, chunk_candidates, plan_shape
 
 WINDOW = 256  # observations kept per fit (the newest)
+BASE_REFIT = 16  # level 0's fit is remade after this many new rounds (a refit costs ~2 ms on a CPU)
 
 
 def nnls(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:
@@ -89,6 +91,7 @@ class HandoffCalibration:
     _round_fit: list[float] | None = None
     _level_fit: list[float] | None = None
     _base_fit: list[float] | None = None
+    _base_new: int = 0  # level-0 observations since the base fit was made
 
     def observe_round(self, rows: int, tokens: int, seconds: float, whole: float | None = None) -> None:
         """A forward's host time outside its extra levels (and `whole`: the round's, levels included)."""
@@ -110,7 +113,9 @@ class HandoffCalibration:
         """Level 0's measured recurrent time in one forward: `ones` 1-token rows, `rows` longer rows
         of `tokens` tokens in all, the longest `longest`."""
         self.base_levels.append((ones, rows, tokens, longest, seconds))
-        self._base_fit = None
+        self._base_new += 1
+        if self._base_new >= BASE_REFIT:
+            self._base_fit = None
 
     def record_level(self, ones: int, rows: int, tokens: int, seconds: float) -> float:
         """Log one extra level's measured time beside its rows priced at level 0; returns the latter."""
@@ -120,8 +125,10 @@ class HandoffCalibration:
 
     @property
     def base_fit(self) -> list[float]:
-        """(base, decode_row, prefill_row, prefill_token, base_longest_token) seconds of level 0."""
+        """(base, decode_row, prefill_row, prefill_token, base_longest_token) seconds of level 0 (made on
+        first use, then again once `BASE_REFIT` rounds more were observed)."""
         if self._base_fit is None:
+            self._base_new = 0
             obs = self.probe_base + list(self.base_levels)
             self._base_fit = (nnls([(1.0, o, r, t, n) for o, r, t, n, _ in obs], [s for *_, s in obs]) if obs
                               else [0.0] * 5)

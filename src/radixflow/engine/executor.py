@@ -111,7 +111,7 @@ class EngineExecutor:
             if getattr(self.model, "is_hybrid", False):
                 parts = self._level_parts(batch)
                 cal.observe_base(*parts.get(0, (0, 0, 0, 0)), clock.base)
-                for k in levels:  # priced by level 0's fit, this round's own level 0 included
+                for k in levels:  # priced by level 0's fit (remade every BASE_REFIT rounds)
                     ones, r, n, _ = parts[k]
                     cal.record_level(ones, r, n, measured.get(k, 0.0))
             cal.observe_round(len(batch.fragments), batch.num_tokens, host - sum(measured.values()), host)
