@@ -1,7 +1,7 @@
 """The arms of `radixflow bench` side by side on a shared machine: each (policy, --handoff) run in turn,
 cycled --repeat times in one process on the same loaded model, so every arm sees the same load; prints
-each run and the medians of T_host, mean latency and the extra levels' time (SPEC §15). Figures are
-printed, never asserted.
+each run and the medians of T_host, mean latency and the extra levels' time, gross and marginal (SPEC §15,
+docs/handoff.md). Figures are printed, never asserted.
 
     PYTHONPATH=src python benchmarks/engine_arms.py --model tiny-qwen3.5 [--questions 32] [--repeat 3]
         [--arms radix:off radix:auto radixflow:off radixflow:auto]
@@ -25,6 +25,7 @@ from radixflow.commands import bench  # noqa: E402
 from radixflow.commands.common import build_workloads  # noqa: E402
 from radixflow.core.loop import run_trace  # noqa: E402
 from radixflow.core.metrics import measure, merge  # noqa: E402
+from radixflow.engine.calibration import levels_cost  # noqa: E402
 from radixflow.engine.engine import Engine, _dtype  # noqa: E402
 from radixflow.engine.loader import load_model  # noqa: E402
 from radixflow.engine.tiny import resolve_model  # noqa: E402
@@ -51,22 +52,29 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{args.model}, {args.questions} questions, {args.repeat} cycles, load average {load:.1f}")
     seen: dict[tuple, list] = {a: [] for a in arms}
+    marginal: dict[tuple, list] = {a: [] for a in arms}  # the levels' marginal share (engine/calibration.py)
     for cycle in range(args.repeat):
         for policy, mode in arms:
-            parts = []
+            parts, levels = [], []
             for _, brs in workloads:
                 eng = Engine(replace(base, policy=policy, scheduler=replace(cfg, handoff=mode)), loaded=loaded)
+                cal = eng.executor.calibration
+                since = len(cal.levels_log) if cal is not None else 0
                 parts.append(measure(policy, run_trace(eng.scheduler, eng.executor, fresh_copies(brs))))
+                levels += cal.levels_log[since:] if cal is not None else []
             r = merge(policy, parts)
+            marginal[(policy, mode)].append(levels_cost(levels)["marginal"] / r.host_time)
             seen[(policy, mode)].append(r)
             print(f"  cycle {cycle + 1} {policy:10s} {mode:4s} rounds {r.rounds:3d} T_host {r.host_time:6.2f} s "
-                  f"latency {r.latency_mean:.3f} s levels {r.handoff_time:.3f} s", flush=True)
+                  f"latency {r.latency_mean:.3f} s levels {r.handoff_time:.3f} s (marginal "
+                  f"{marginal[(policy, mode)][-1]:.1%} of T_host)", flush=True)
     best = min(statistics.median(x.host_time for x in v) for v in seen.values())
     for (policy, mode), v in seen.items():
         t = statistics.median(x.host_time for x in v)
         print(f"{policy:10s} {mode:4s} median T_host {t:6.2f} s (x{t / best:.3f} of the best) latency "
               f"{statistics.median(x.latency_mean for x in v):.3f} s levels "
-              f"{statistics.median(x.handoff_time / x.host_time for x in v):.1%} of T_host")
+              f"{statistics.median(x.handoff_time / x.host_time for x in v):.1%} of T_host gross, "
+              f"{statistics.median(marginal[(policy, mode)]):.1%} marginal")
 
 
 if __name__ == "__main__":

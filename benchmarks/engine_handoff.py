@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from radixflow.core.batch import Batch, ExecResult, Fragment  # noqa: E402
 from radixflow.core.branch import Branch  # noqa: E402
-from radixflow.engine.calibration import engine_scan_costs  # noqa: E402
+from radixflow.engine.calibration import calibration, engine_scan_costs, level0_equivalent  # noqa: E402
 from radixflow.engine.executor import EngineExecutor  # noqa: E402
 from radixflow.engine.loader import load_model  # noqa: E402
 from radixflow.engine.tiny import ensure_tiny_model  # noqa: E402
@@ -142,16 +142,19 @@ def breakdown(name: str, repeat: int, device: str) -> None:
     cache = model.allocate_cache(pages + 1, BLOCK, slots + 1, device=device)
     model(hand, cache, None, costs)  # warm-up; writes the producers' snapshots the level-0 rows resume from
     model(wait, cache, None, costs)
-    a, b, lev = [], [], []
+    a, b, lev, base_h, base_w = [], [], [], [], []
     for _ in range(repeat):
         clock = LevelClock(torch.device(device))
         t0 = time.perf_counter()
         model(hand, cache, clock, costs)
         a.append(time.perf_counter() - t0)
         lev.append(clock.seconds)
+        base_h.append(clock.base)
+        clock = LevelClock(torch.device(device))
         t0 = time.perf_counter()
-        model(wait, cache, None, costs)
+        model(wait, cache, clock, costs)
         b.append(time.perf_counter() - t0)
+        base_w.append(clock.base)
     # the parts, timed alone
     layout = model.cache_layout()
     n_rec = len(layout.states)
@@ -194,6 +197,17 @@ def breakdown(name: str, repeat: int, device: str) -> None:
     tbook, tg = med(book), med(gather, 5 * repeat)
     tf = med(fork, 5 * repeat) if kv is not None else 0.0
     deps = sum(r.after is not None for r in hand)
+    # the marginal the bench reports (engine/calibration.py), checked here against a direct measurement:
+    # level 1's rows priced at level 0 = level 0 with them (wait) less level 0 without them (hand-off)
+    cal = calibration(model, BLOCK)
+    lens = [len(r.token_ids) for r in hand if r.after is not None]
+    price = level0_equivalent(cal.base_fit, sum(n == 1 for n in lens), sum(n > 1 for n in lens),
+                              sum(n for n in lens if n > 1))
+    direct = statistics.median(w - h for w, h in zip(base_w, base_h))
+    print(f"{name:16s} level 1 gross {tl * 1e3:6.1f} ms; its rows at level 0: measured {direct * 1e3:6.1f} ms "
+          f"(level 0 {statistics.median(base_w) * 1e3:.1f} vs {statistics.median(base_h) * 1e3:.1f} ms), "
+          f"probe fit's price {price * 1e3:6.1f} ms; marginal measured {1e3 * (tl - direct):+6.1f} ms, "
+          f"by the fit {1e3 * (tl - price):+6.1f} ms", flush=True)
     print(f"{name:16s} chunk {costs.fixed}: hand-off forward {ta * 1e3:7.1f} ms | same rows, dependents at level 0 "
           f"{tb * 1e3:7.1f} ms | extra {1e3 * (ta - tb):+6.1f} ms ({(ta - tb) / ta:+.1%}) | level 1 ({deps} rows) "
           f"{tl * 1e3:6.1f} ms of which bookkeeping {tbook * 1e3:.2f} ms; conv gather {tg * 1e3:.3f} ms "

@@ -58,6 +58,13 @@ def test_bench_compares_handoff_modes_on_one_trace(tmp_path, model):
     assert auto["rounds"] <= off["rounds"]
     assert auto["reuse_rate"] == pytest.approx(off["reuse_rate"], abs=0.03)
     assert auto["first_token_agreement"] == 100.0
+    # the levels' cost gross and marginal: the marginal is the gross less the rows priced at level 0
+    assert "handoff_marginal_time" not in off
+    assert auto["handoff_level0_equivalent"] >= 0
+    assert auto["handoff_marginal_time"] == pytest.approx(auto["handoff_time"] - auto["handoff_level0_equivalent"])
+    assert auto["handoff_gross_share"] == pytest.approx(auto["handoff_time"] / auto["host_time"])
+    assert auto["handoff_marginal_share"] == pytest.approx(auto["handoff_marginal_time"] / auto["host_time"])
+    assert set(auto["handoff_level0_fit"]) == {"base", "decode_row", "prefill_row", "prefill_token", "longest_token"}
 
 
 def test_bench_handoff_compare_refuses_bad_modes_and_handoff_beside_it(tmp_path, capsys):

@@ -303,6 +303,36 @@ def test_executor_runs_dependents_and_measures_the_extra_levels(pair):
     assert plain.handoff_time == 0.0                  # no dependent, no extra level
 
 
+def test_executor_logs_each_extra_level_beside_its_rows_priced_at_level_0(pair):
+    """With a calibration, every forward times level 0's recurrent work too (the fit the extra levels'
+    rows are priced by) and logs each extra level (measured, level-0 equivalent); hybrids only."""
+    from radixflow.engine.calibration import HandoffCalibration
+
+    name, model, _ = pair
+    cache = model.allocate_cache(160, BLOCK, 8)
+    ex = EngineExecutor(model, cache)
+    ex.calibration = cal = HandoffCalibration()
+    first, seq = setup_rows(model.is_hybrid)
+    model(first, cache)
+    rows, prompts = handoff_rows(seq, model.is_hybrid)
+    result = ex.execute(Batch(1, _fragments(rows, prompts)))
+    if not model.is_hybrid:
+        assert cal.levels_log == [] and not cal.base_levels, name
+        return
+    depth = [0] * len(rows)
+    for i, r in enumerate(rows):
+        if r.after is not None:
+            depth[i] = depth[r.after] + 1
+    assert len(cal.levels_log) == max(depth), name      # one entry per extra level
+    assert sum(m for m, _ in cal.levels_log) == pytest.approx(result.handoff_time)
+    assert all(e >= 0 for _, e in cal.levels_log)
+    (ones, multi, tokens, longest, seconds), = cal.base_levels  # level 0 of this forward, timed
+    lens = [len(r.token_ids) for r, d in zip(rows, depth) if d == 0]
+    assert (ones, multi, tokens, longest) == (sum(n == 1 for n in lens), sum(n > 1 for n in lens),
+                                              sum(n for n in lens if n > 1), max(lens))
+    assert seconds > 0
+
+
 def test_llm_accepts_the_handoff_flags():
     from radixflow import LLM
 

@@ -42,6 +42,39 @@ def test_fits_recover_the_measured_costs():
     assert cal.predict_level(2, 40, 40) == pytest.approx(0.0052, rel=1e-3)
 
 
+def test_marginal_level_cost_is_measured_less_its_rows_priced_at_level_0():
+    """Fake timings: level 0 costs 2 ms + 0.05 ms per 1-token row + 0.3 ms per longer row + 0.01 ms
+    per token of them + 0.002 ms per token of the longest row. An extra level's rows are priced by the
+    per-row and per-token terms only; its marginal cost is its measured time less that price."""
+    from radixflow.engine.calibration import level0_equivalent, levels_cost
+
+    cal = HandoffCalibration()
+    for ones, rows, tokens, longest in ((4, 1, 64, 64), (0, 3, 300, 200), (8, 2, 40, 30), (2, 6, 500, 120),
+                                        (16, 0, 0, 1), (1, 4, 256, 64), (6, 2, 128, 100)):
+        cal.observe_base(ones, rows, tokens, longest,
+                         0.002 + 0.00005 * ones + 0.0003 * rows + 0.00001 * tokens + 0.000002 * longest)
+    assert cal.base_fit == pytest.approx([0.002, 0.00005, 0.0003, 0.00001, 0.000002], rel=1e-6, abs=1e-12)
+    assert level0_equivalent(cal.base_fit, 1, 2, 100) == pytest.approx(0.00005 + 0.0006 + 0.001, rel=1e-6)
+    # two levels: one measured dearer than its rows at level 0 (the fixed cost of a level), one cheaper
+    a = cal.record_level(1, 2, 100, 0.004)
+    b = cal.record_level(0, 1, 10, 0.0001)
+    assert a == pytest.approx(0.00165, rel=1e-6) and b == pytest.approx(0.0004, rel=1e-6)
+    cost = levels_cost(cal.levels_log)
+    assert cost["levels"] == 2
+    assert cost["gross"] == pytest.approx(0.0041)
+    assert cost["level0_equivalent"] == pytest.approx(0.00205, rel=1e-6)
+    assert cost["marginal"] == pytest.approx(0.0041 - 0.00205, rel=1e-6)  # may be < gross only by the price
+    assert levels_cost([]) == {"levels": 0, "gross": 0.0, "level0_equivalent": 0.0, "marginal": 0.0}
+    # level 0 got 10x dearer per token: the fit follows once BASE_REFIT rounds more were seen, not before
+    from radixflow.engine.calibration import BASE_REFIT
+
+    for i in range(BASE_REFIT):
+        assert cal.base_fit[3] == pytest.approx(0.00001, rel=1e-6)
+        tokens = 50 + 37 * i
+        cal.observe_base(i % 5, 1 + i % 4, tokens, 20 + i, 0.002 + 0.0003 * (1 + i % 4) + 0.0001 * tokens)
+    assert cal.base_fit[3] > 0.00003
+
+
 def test_nnls_keeps_every_coefficient_non_negative():
     xs = [(1.0, t) for t in (1, 2, 3, 4)]
     assert nnls(xs, [4.0, 3.0, 2.0, 1.0]) == [pytest.approx(2.5), 0.0]  # a falling line: flat at the mean

@@ -97,6 +97,7 @@ def test_handoff_rows_levels_and_extra_level_time_are_reported():
         samples = scrape(live.url)
         assert metric(samples, "radixflow_handoff_rows_total") >= 1
         assert metric(samples, "radixflow_handoff_seconds_total") > 0
+        assert metric(samples, "radixflow_handoff_level0_seconds_total") >= 0  # the rows priced at level 0
         assert metric(samples, "radixflow_round_levels_bucket", le="2.0") > metric(
             samples, "radixflow_round_levels_bucket", le="1.0")
     finally:

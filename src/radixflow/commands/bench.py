@@ -61,14 +61,15 @@ def _handoff_modes(text: str) -> tuple[str, ...]:
     return modes
 
 
-def _handoff_info(mode: str, choices: dict, log: list, cal) -> dict | None:
-    """What the hand-off rule chose in one run and how the engine's calibrated cost model predicted the
-    levels it took (engine/calibration.py); None for `off`."""
+def _handoff_info(mode: str, choices: dict, log: list, cal, levels_log: list = ()) -> dict | None:
+    """What the hand-off rule chose in one run, how the engine's calibrated cost model predicted the
+    levels it took, and their cost gross and marginal (engine/calibration.py); None for `off`."""
     if mode == "off":
         return None
-    from radixflow.engine.calibration import HandoffCalibration
+    from radixflow.engine.calibration import HandoffCalibration, levels_cost
 
-    info: dict = {"choices": choices, "levels": HandoffCalibration(log=log).summary()}
+    info: dict = {"choices": choices, "levels": HandoffCalibration(log=log).summary(),
+                  "cost": levels_cost(list(levels_log))}
     for k in ("round", "token", "row", "level", "level_row", "level_token", "level_longest_token"):
         info["levels"].pop(k, None)
     info["levels"].pop("probe_seconds", None)
@@ -76,6 +77,9 @@ def _handoff_info(mode: str, choices: dict, log: list, cal) -> dict | None:
         costs = cal.handoff_costs()
         info["fit"] = None if costs is None else {"round": costs.round, "token": costs.token, "level": costs.level,
                                                   "level_row": costs.level_row, "wait": costs.wait}
+        b = cal.base_fit  # level 0's recurrent work: what the extra levels' rows are priced by
+        info["level0_fit"] = {"base": b[0], "decode_row": b[1], "prefill_row": b[2], "prefill_token": b[3],
+                              "longest_token": b[4]}
         info["probe_seconds"] = cal.probe_seconds
     return info
 
@@ -145,6 +149,7 @@ def run(args) -> int:
             first: dict = {}
             choices = {"handoff": 0, "wait": 0, "recompute": 0}
             log: list = []
+            levels_log: list = []  # (measured, level-0 equivalent) of every extra level
             cal = None
             for _, brs in workloads:
                 eng = Engine(replace(base, policy=arm, scheduler=replace(cfg, handoff=mode)), loaded=loaded)
@@ -152,6 +157,7 @@ def run(args) -> int:
                 copies = fresh_copies(brs)
                 cal = eng.executor.calibration
                 since = len(cal.log) if cal is not None else 0
+                since_levels = len(cal.levels_log) if cal is not None else 0
                 res = run_trace(eng.scheduler, eng.executor, copies, progress=lambda n: bar.advance(task, n))
                 parts.append(measure(label, res))
                 first.update({b.key: b.output[0] for b in copies if b.output})
@@ -159,8 +165,9 @@ def run(args) -> int:
                     choices[k] += v
                 if cal is not None:
                     log += cal.log[since:]
+                    levels_log += cal.levels_log[since_levels:]
             results.append(merge(label, parts))
-            handoff_info.append(_handoff_info(mode, choices, log, cal))
+            handoff_info.append(_handoff_info(mode, choices, log, cal, levels_log))
             firsts.append(first)
     wall = time.perf_counter() - t0
     print_arms(results, f"{args.model} on {args.device} — S={cfg.max_num_seqs}, T={cfg.max_num_batched_tokens}, "
@@ -172,13 +179,19 @@ def run(args) -> int:
         if arm is not results[0]:
             print(f"first-token agreement {arm.policy} vs {results[0].policy}: {agreement[-1]:.2f}% "
                   f"({same}/{len(first)})")
-    for r in results:
+    for r, info in zip(results, handoff_info):
         if r.handoff_rows:
-            print(f"hand-off {r.policy}: {r.handoff_rows} dependent rows in {r.handoff_rounds} of {r.rounds} rounds, "
-                  f"up to {r.max_levels} levels; extra levels {r.handoff_time:.3f} s = "
-                  f"{100 * r.handoff_time / max(r.host_time, 1e-12):.1f} % of T_host, "
-                  f"{1000 * r.handoff_time / max(1, r.handoff_rounds):.1f} ms per hand-off round "
-                  f"({100 * r.handoff_time / max(1, r.handoff_rounds) / max(r.cost_per_round, 1e-12):.1f} % of c̄)")
+            line = (f"hand-off {r.policy}: {r.handoff_rows} dependent rows in {r.handoff_rounds} of {r.rounds} "
+                    f"rounds, up to {r.max_levels} levels; extra levels gross {r.handoff_time:.3f} s = "
+                    f"{100 * r.handoff_time / max(r.host_time, 1e-12):.1f} % of T_host, "
+                    f"{1000 * r.handoff_time / max(1, r.handoff_rounds):.1f} ms per hand-off round "
+                    f"({100 * r.handoff_time / max(1, r.handoff_rounds) / max(r.cost_per_round, 1e-12):.1f} % of c̄)")
+            cost = info["cost"] if info is not None else None
+            if cost and cost["levels"]:
+                line += (f"; marginal {cost['marginal']:.3f} s = {100 * cost['marginal'] / max(r.host_time, 1e-12):.1f}"
+                         f" % of T_host (gross less the same rows priced at level 0: "
+                         f"{cost['level0_equivalent']:.3f} s)")
+            print(line)
     for r, info in zip(results, handoff_info):
         if info is None:
             continue
@@ -194,6 +207,11 @@ def run(args) -> int:
             line += (f"; fitted: round {1000 * fit['round']:.1f} ms + {1000 * fit['token']:.3f} ms/token, level "
                      f"{1000 * fit['level']:.2f} ms + {1000 * fit['level_row']:.2f} ms/row, wait "
                      f"{1000 * (fit['wait'] or 0):.0f} ms")
+        b = info.get("level0_fit")
+        if b and info["cost"]["levels"]:
+            line += (f"; level 0 fitted: {1000 * b['base']:.2f} ms + {1000 * b['decode_row']:.3f} ms/1-token row + "
+                     f"{1000 * b['prefill_row']:.3f} ms/longer row + {1000 * b['prefill_token']:.4f} ms/token + "
+                     f"{1000 * b['longest_token']:.4f} ms/token of the longest")
         print(line)
     print(f"benchmarked {len(runs)} run(s) in {wall:.1f} s")
     if args.json_path:
@@ -210,5 +228,11 @@ def run(args) -> int:
             if info is not None:
                 d["handoff_choices"] = info["choices"]
                 d["level_prediction"] = info["levels"]
+                cost, host = info["cost"], max(d["host_time"], 1e-12)
+                d["handoff_level0_equivalent"] = cost["level0_equivalent"]
+                d["handoff_marginal_time"] = cost["marginal"]
+                d["handoff_gross_share"] = d["handoff_time"] / host
+                d["handoff_marginal_share"] = cost["marginal"] / host
+                d["handoff_level0_fit"] = info.get("level0_fit")
         write_json(args.json_path, payload)
     return 0

@@ -15,6 +15,16 @@ scratch cache, before the first round) and carried over from one engine to the n
   `handoff_costs()` gives core/handoff.py's `HandoffCosts` (the rule is the simulator's, only the
   source of the costs differs); the scheduler core reads them through that method and never a clock.
   `predict_level` is what the executor records before each forward, beside the level's measured time.
+- The extra levels' *marginal* cost: an extra level's measured time (`LevelClock.by_level`, gross)
+  includes its rows' own recurrent work, which the wait path runs too, one round later, inside
+  level 0. Level 0's recurrent work is timed every round as well (`LevelClock.base`) and fitted
+    level 0's time = base + decode_row * 1-token rows + prefill_row * longer rows
+                     + prefill_token * their tokens + base_longest_token * the longest row's tokens;
+  `level0_equivalent` prices a level's rows with the per-row and per-token terms only (what adding
+  them to level 0 costs: its fixed part and its longest row are there anyway; the fit is remade every
+  `BASE_REFIT` rounds), and the level's marginal cost is its measured time less that (`levels_cost`).
+  The executor records (measured, level-0 equivalent) of every level in `levels_log`; `bench` and
+  `/metrics` report both sums (docs/handoff.md).
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from radixflow.engine.models.cache import RowInput
 from radixflow.engine.models.chunk_plan import ScanCosts, build_chunk_plan, chunk_candidates, plan_shape
 
 WINDOW = 256  # observations kept per fit (the newest)
+BASE_REFIT = 16  # level 0's fit is remade after this many new rounds (a refit costs ~2 ms on a CPU)
 
 
 def nnls(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:
@@ -71,9 +82,16 @@ class HandoffCalibration:
     levels: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # (rows, tokens, longest, seconds)
     # the levels run once the fits existed: (predicted, measured, rows, tokens)
     log: list[tuple[float, float, int, int]] = field(default_factory=list)
+    # level 0's recurrent work of each round: (1-token rows, longer rows, their tokens, longest, seconds)
+    base_levels: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    probe_base: list = field(default_factory=list)
+    # every extra level run: (measured seconds, its rows priced at level 0), see `level0_equivalent`
+    levels_log: list[tuple[float, float]] = field(default_factory=list)
     probe_seconds: float = 0.0
     _round_fit: list[float] | None = None
     _level_fit: list[float] | None = None
+    _base_fit: list[float] | None = None
+    _base_new: int = 0  # level-0 observations since the base fit was made
 
     def observe_round(self, rows: int, tokens: int, seconds: float, whole: float | None = None) -> None:
         """A forward's host time outside its extra levels (and `whole`: the round's, levels included)."""
@@ -90,6 +108,31 @@ class HandoffCalibration:
         self._level_fit = None
         if predicted is not None:
             self.log.append((predicted, seconds, rows, tokens))
+
+    def observe_base(self, ones: int, rows: int, tokens: int, longest: int, seconds: float) -> None:
+        """Level 0's measured recurrent time in one forward: `ones` 1-token rows, `rows` longer rows
+        of `tokens` tokens in all, the longest `longest`."""
+        self.base_levels.append((ones, rows, tokens, longest, seconds))
+        self._base_new += 1
+        if self._base_new >= BASE_REFIT:
+            self._base_fit = None
+
+    def record_level(self, ones: int, rows: int, tokens: int, seconds: float) -> float:
+        """Log one extra level's measured time beside its rows priced at level 0; returns the latter."""
+        equiv = level0_equivalent(self.base_fit, ones, rows, tokens)
+        self.levels_log.append((seconds, equiv))
+        return equiv
+
+    @property
+    def base_fit(self) -> list[float]:
+        """(base, decode_row, prefill_row, prefill_token, base_longest_token) seconds of level 0 (made on
+        first use, then again once `BASE_REFIT` rounds more were observed)."""
+        if self._base_fit is None:
+            self._base_new = 0
+            obs = self.probe_base + list(self.base_levels)
+            self._base_fit = (nnls([(1.0, o, r, t, n) for o, r, t, n, _ in obs], [s for *_, s in obs]) if obs
+                              else [0.0] * 5)
+        return self._base_fit
 
     @property
     def round_fit(self) -> list[float]:
@@ -146,6 +189,22 @@ class HandoffCalibration:
         return {"levels": len(log), "predicted_median": _median(pred), "measured_median": _median(meas),
                 "median_error": _median(errs), "round": a, "token": tok, "row": row, "level": f,
                 "level_row": r, "level_token": t, "level_longest_token": n, "probe_seconds": self.probe_seconds}
+
+
+def level0_equivalent(base_fit: list[float], ones: int, rows: int, tokens: int) -> float:
+    """What an extra level's rows (`ones` 1-token rows, `rows` longer rows of `tokens` tokens) would
+    cost run in level 0, from level 0's fit: its per-row and per-token terms only."""
+    _, decode_row, prefill_row, prefill_token, _ = base_fit
+    return decode_row * ones + prefill_row * rows + prefill_token * tokens
+
+
+def levels_cost(log: list[tuple[float, float]]) -> dict[str, float]:
+    """The extra levels of `log` (`HandoffCalibration.levels_log`): their measured time (`gross`), their
+    rows priced at level 0 (`level0_equivalent`) and the difference (`marginal`: what running them in
+    levels cost beyond the work itself; may be below 0 within the fits' noise)."""
+    gross = sum(m for m, _ in log)
+    equiv = sum(e for _, e in log)
+    return {"levels": len(log), "gross": gross, "level0_equivalent": equiv, "marginal": gross - equiv}
 
 
 def _median(xs: list[float]) -> float:
@@ -294,7 +353,7 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
     cache = model.allocate_cache(pages + 8, block_size, 4 if hybrid else 0)
 
     def timed(rows: list[RowInput]) -> tuple[float, dict[int, float]]:
-        best, levels = float("inf"), {}
+        best, levels, base = float("inf"), {}, 0.0
         for _ in range(repeat):
             clock = LevelClock(device)
             if device.type == "cuda":
@@ -305,7 +364,11 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
                 torch.cuda.synchronize(device)
             t = time.perf_counter() - t0
             if t < best:
-                best, levels = t, clock.by_level
+                best, levels, base = t, clock.by_level, clock.base
+        if hybrid:  # level 0: every row here without a producer
+            lens = [len(r.token_ids) for r in rows if r.after is None]
+            cal.probe_base.append((sum(n == 1 for n in lens), sum(n > 1 for n in lens),
+                                   sum(n for n in lens if n > 1), max(lens), base))
         return best, levels
 
     for lens in plain:
@@ -332,4 +395,4 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
         cal.probe_rounds.append((len(rows), plen + sum(n for _, n in deps), t - extra))
         cal.lengths.append(t)
         cal.probe_levels.append((len(deps), sum(n for _, n in deps), max(n for _, n in deps), extra))
-    cal._round_fit = cal._level_fit = None
+    cal._round_fit = cal._level_fit = cal._base_fit = None

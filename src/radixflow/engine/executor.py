@@ -108,6 +108,12 @@ class EngineExecutor:
         if cal is not None:
             for k, (r, n, longest) in levels.items():
                 cal.observe_level(r, n, longest, measured.get(k, 0.0), predicted.get(k))
+            if getattr(self.model, "is_hybrid", False):
+                parts = self._level_parts(batch)
+                cal.observe_base(*parts.get(0, (0, 0, 0, 0)), clock.base)
+                for k in levels:  # priced by level 0's fit (remade every BASE_REFIT rounds)
+                    ones, r, n, _ = parts[k]
+                    cal.record_level(ones, r, n, measured.get(k, 0.0))
             cal.observe_round(len(batch.fragments), batch.num_tokens, host - sum(measured.values()), host)
         return ExecResult(host, samples, handoff_time=sum(measured.values()))
 
@@ -121,6 +127,18 @@ class EngineExecutor:
             if k:
                 r, n, longest = out.get(k, (0, 0, 0))
                 out[k] = (r + 1, n + f.num_tokens, max(longest, f.num_tokens))
+        return out
+
+    @staticmethod
+    def _level_parts(batch: Batch) -> dict[int, tuple[int, int, int, int]]:
+        """Per level depth (0 included): 1-token rows, longer rows, their tokens, the longest row."""
+        out: dict[int, tuple[int, int, int, int]] = {}
+        depths = levels_of(batch) if any(f.after is not None for f in batch.fragments) else \
+            [0] * len(batch.fragments)
+        for f, k in zip(batch.fragments, depths):
+            ones, r, n, longest = out.get(k, (0, 0, 0, 0))
+            t = f.num_tokens
+            out[k] = (ones + (t == 1), r + (t > 1), n + (t if t > 1 else 0), max(longest, t))
         return out
 
     def _prompt_positions(self, f) -> list[int]:

@@ -88,6 +88,7 @@ class EngineLoop:
         self._pending = 0  # accepted requests none of whose branches has been selected yet
         self._choices_seen: dict[str, int] = {}  # hand-off choices and calibration log entries reported so far
         self._log_seen = 0
+        self._levels_seen = 0  # entries of the calibration's levels_log reported so far
         self._in_flight = 0  # accepted requests not finished, failed or aborted
         self._live: dict[str, Submission] = {}  # engine thread only
         self._thread = threading.Thread(target=self._main, name="radixflow-engine", daemon=True)
@@ -253,10 +254,12 @@ class EngineLoop:
         choices = self.engine.scheduler.handoff_choices
         cal = self.engine.executor.calibration
         log = cal.log if cal is not None else []
+        levels = cal.levels_log if cal is not None else []
         start = min(self._log_seen, len(log))
+        start_levels = min(self._levels_seen, len(levels))
         self.metrics.observe_handoff({k: v - self._choices_seen.get(k, 0) for k, v in choices.items()},
-                                     sum(p for p, *_ in log[start:]))
-        self._choices_seen, self._log_seen = choices, len(log)
+                                     sum(p for p, *_ in log[start:]), sum(e for _, e in levels[start_levels:]))
+        self._choices_seen, self._log_seen, self._levels_seen = choices, len(log), len(levels)
 
     def _after_round(self, batch, finished: list[LogicalRequest], blocked: int) -> None:
         rec = self.engine.scheduler.rounds[-1]

@@ -98,6 +98,8 @@ class ServerMetrics:
                                              "costs)", ("choice",))
         self.handoff_predicted = self._counter("handoff_predicted_seconds", "the engine's calibrated prediction "
                                                "of its extra levels' time (beside handoff_seconds, measured)")
+        self.handoff_level0 = self._counter("handoff_level0_seconds", "the extra levels' rows priced at level 0 "
+                                            "by the engine's fit (handoff_seconds less this: their marginal cost)")
         self._prompt = 0
         self._cached = 0
 
@@ -130,13 +132,16 @@ class ServerMetrics:
         if handoff_time:
             self.handoff_seconds.inc(handoff_time)
 
-    def observe_handoff(self, choices: dict[str, int], predicted: float) -> None:
-        """One round's hand-off choices (counts by choice) and the predicted time of its extra levels."""
+    def observe_handoff(self, choices: dict[str, int], predicted: float, level0: float = 0.0) -> None:
+        """One round's hand-off choices (counts by choice), the predicted time of its extra levels and
+        their rows priced at level 0 (engine/calibration.py `level0_equivalent`)."""
         for choice, n in choices.items():
             if n:
                 self.handoff_choices.labels(choice).inc(n)
         if predicted:
             self.handoff_predicted.inc(predicted)
+        if level0 > 0:
+            self.handoff_level0.inc(level0)
 
     def observe_branch(self, prompt: int, cached: int, generated: int, ttft: float | None,
                        first_selection: float | None) -> None:

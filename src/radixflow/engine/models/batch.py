@@ -108,8 +108,9 @@ class ConvPlan:
 
 
 class LevelClock:
-    """Time spent in the recurrent levels >= 1 of one call (SPEC §15's extra levels): the host clock
-    on CPU, CUDA events on a GPU (read after the call, so measuring adds no synchronisation)."""
+    """Time spent in the recurrent levels of one call: the extra levels >= 1 (SPEC §15, `by_level`)
+    and level 0 (`base`: what the extra levels' rows are priced against, engine/calibration.py); the
+    host clock on CPU, CUDA events on a GPU (read after the call, so measuring adds no synchronisation)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -129,15 +130,23 @@ class LevelClock:
             yield
             self._seconds[depth] = self._seconds.get(depth, 0.0) + time.perf_counter() - t0
 
-    @property
-    def by_level(self) -> dict[int, float]:
-        """Seconds measured per level depth (>= 1), summed over the recurrent layers."""
+    def _all(self) -> dict[int, float]:
         out = dict(self._seconds)
         if self._events:
             self._events[-1][2].synchronize()
             for depth, s, e in self._events:
                 out[depth] = out.get(depth, 0.0) + s.elapsed_time(e) / 1000.0
         return out
+
+    @property
+    def by_level(self) -> dict[int, float]:
+        """Seconds measured per extra level depth (>= 1), summed over the recurrent layers."""
+        return {d: s for d, s in self._all().items() if d}
+
+    @property
+    def base(self) -> float:
+        """Seconds measured in level 0's recurrent work (every row without a same-forward producer)."""
+        return self._all().get(0, 0.0)
 
     @property
     def seconds(self) -> float:
@@ -289,8 +298,8 @@ class Level:
 
     @contextmanager
     def timed(self) -> Iterator[None]:
-        """Count the work of levels >= 1 into the call's LevelClock, if it has one."""
-        if self.depth and self.batch.clock is not None:
+        """Count this level's recurrent work into the call's LevelClock (by depth), if it has one."""
+        if self.batch.clock is not None:
             with self.batch.clock.measure(self.depth):
                 yield
         else:
@@ -349,6 +358,10 @@ class Level:
             return self.chunk_plan(chunk)
         key = -chunk  # the choice, cached per model chunk
         if key not in self._chunk_plans:
-            shapes = {c: plan_shape(self._plan_rows, c, self.batch.hands) for c in chunk_candidates(chunk)}
-            self._chunk_plans[key] = self.chunk_plan(costs.choose(shapes))
+            candidates = chunk_candidates(chunk)
+            if costs.fixed in candidates:  # what `choose` returns whatever the shapes: skip measuring them
+                pick = costs.fixed
+            else:
+                pick = costs.choose({c: plan_shape(self._plan_rows, c, self.batch.hands) for c in candidates})
+            self._chunk_plans[key] = self.chunk_plan(pick)
         return self._chunk_plans[key]

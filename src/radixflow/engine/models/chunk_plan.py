@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -38,6 +39,11 @@ class ChunkPlan:
     handoffs: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     all_tokens: bool = False        # token_index is every packed token, in order (no 1-token rows)
+
+    @cached_property
+    def row_index(self) -> torch.Tensor:
+        """`rows` as a tensor (built once per plan, not once per recurrent layer)."""
+        return torch.tensor(self.rows, dtype=torch.long, device=self.token_index.device)
 
     def to_chunks(self, parts: list[torch.Tensor]) -> torch.Tensor:
         """Packed parts [N, H, d_i] (or [N, H]) -> one [M, H, chunk, sum(d_i)] tensor, zero padded.

@@ -61,7 +61,7 @@ def _prefill(args: list[torch.Tensor], init: torch.Tensor, plan: ChunkPlan, pool
     packed = plan.to_chunks(args)
     q, k, v, g, beta = packed.split([dk, dk, dv, 1, 1], dim=-1)
     g, beta = g[..., 0], beta[..., 0]
-    rows = torch.tensor(plan.rows, dtype=torch.long, device=q.device)
+    rows = plan.row_index
     state = init[rows]
     o = torch.empty_like(v)
     blocked_scan(plan, (q, k, v, g, beta), state, _intra_chunk, _scan_chunk, o,

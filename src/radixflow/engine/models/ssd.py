@@ -63,7 +63,7 @@ def _prefill(args, init, plan: ChunkPlan, pool, out, groups: int) -> None:
     m, heads, clen, p = xdt.shape
     xdt = xdt.reshape(m, groups, heads // groups, clen, p)
     decay = decay.reshape(m, groups, heads // groups, clen)
-    rows = torch.tensor(plan.rows, dtype=torch.long, device=xdt.device)
+    rows = plan.row_index
     state = init[rows].view(len(plan.rows), groups, heads // groups, p, -1)
     y = torch.empty_like(xdt)
     blocked_scan(plan, (xdt, decay, b, c), state, _intra_chunk, _scan_chunk, y,
