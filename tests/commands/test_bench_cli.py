@@ -56,7 +56,10 @@ def test_bench_compares_handoff_modes_on_one_trace(tmp_path, model):
     assert off["handoff_rows"] == 0 and off["blocked_deferrals"] > 0
     assert auto["handoff_rows"] > 0 and auto["max_levels"] == 2 and 0 < auto["handoff_time"] < auto["host_time"]
     assert auto["rounds"] <= off["rounds"]
-    assert auto["reuse_rate"] == pytest.approx(off["reuse_rate"], abs=0.03)
+    # reuse_rate is in percent; under auto a sibling arriving (by host time, --rate) while its producer runs
+    # becomes a dependent at d, one arriving after it finished hits the end snapshot: which one depends on
+    # the machine's speed and moved reuse by ~0.6 points here, so the bound is in points, not 0.03
+    assert auto["reuse_rate"] == pytest.approx(off["reuse_rate"], abs=2.0)
     assert auto["first_token_agreement"] == 100.0
     # the levels' cost gross and marginal: the marginal is the gross less the rows priced at level 0
     assert "handoff_marginal_time" not in off
