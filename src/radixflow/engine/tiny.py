@@ -60,14 +60,20 @@ def default_cache_dir() -> Path:
 
 
 def resolve_model(name_or_path: str | Path) -> Path:
-    """A tiny model name (built on first use) or an existing model directory."""
+    """A tiny model name or a `random:` real-size model name (both built on first use, see
+    random_models.py), or an existing model directory."""
+    from .random_models import RANDOM_MODELS, ensure_random_model
+
     if str(name_or_path) in TINY_MODELS:
         return ensure_tiny_model(str(name_or_path))
+    if str(name_or_path).startswith("random:"):
+        return ensure_random_model(str(name_or_path))
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
     raise ValueError(f"{name_or_path!r} is neither a model directory nor a tiny model name "
-                     f"(tiny models: {', '.join(TINY_MODELS)})")
+                     f"(tiny models: {', '.join(TINY_MODELS)}; random weights at real size: "
+                     f"{', '.join(RANDOM_MODELS)})")
 
 
 def ensure_tiny_model(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> Path:
