@@ -5,7 +5,7 @@
 # extra, never part of the default or test install. Idempotent: a stamp in the venv makes re-runs instant.
 #
 # The sdist is downloaded once and kept: the build runs from it, and its converter
-# (vendor/llama.cpp/convert_hf_to_gguf.py with the gguf-py it was written against) is unpacked into
+# (vendor/llama.cpp/convert_hf_to_gguf.py, its conversion/ package and the gguf-py it was written against) is unpacked into
 # $VENV/share/radixflow-llamacpp/, where benchmarks/engine_peers.py imports it.
 #
 # Build time: about 9 minutes on 2 cores (CMAKE_BUILD_PARALLEL_LEVEL=2, GGML_NATIVE picks up AVX-512
@@ -24,7 +24,7 @@ VENV=$(cd "$VENV" && pwd)
 share="$VENV/share/radixflow-llamacpp"
 stamp="$VENV/.radixflow-llamacpp-$LLAMA_CPP_PYTHON_VERSION"
 wanted="llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION gguf==$GGUF_VERSION sentencepiece native converter"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && [ -f "$share/convert_hf_to_gguf.py" ]; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && [ -f "$share/conversion/__init__.py" ]; then
   exit 0
 fi
 # pip's output without the lines about other packages' unmet requirements (vLLM is installed --no-deps).
@@ -45,7 +45,7 @@ if [ ! -f "$sdist" ]; then
   rm -rf "$tmp"
 fi
 top="llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
-tar xzf "$sdist" -C "$share" --strip-components=3 "$top/convert_hf_to_gguf.py" "$top/gguf-py"
+tar xzf "$sdist" -C "$share" --strip-components=3 "$top/convert_hf_to_gguf.py" "$top/conversion" "$top/gguf-py"
 CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
   quiet "$VENV/bin/python" -m pip install -q --no-cache-dir "$sdist"
 "$VENV/bin/python" - <<'PY'
