@@ -488,10 +488,10 @@ def bench_model(name: str, args, out: list[dict]) -> None:
             llama = LlamaCpp(gguf, torch.get_num_threads())
         except Exception as e:   # llama.cpp refuses the architecture: its one-line reason
             note = f"llama.cpp: {str(e).splitlines()[0]}"
-    print(f"\n{name} [setup {time.perf_counter() - t_model:.0f} s]: {sum(p.numel() for p in lm.model.parameters()) / 1e9:.2f}B parameters, transformers "
-          f"attention {hf.impl} (probe 256 tokens: " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in
-                                                           impl_times.items()) + ")"
-          + (f"; llama.cpp: {note}" if note else ""), flush=True)
+    n_params = sum(p.numel() for p in lm.model.parameters()) / 1e9
+    probe = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in impl_times.items())
+    print(f"\n{name} [setup {time.perf_counter() - t_model:.0f} s]: {n_params:.2f}B parameters, transformers "
+          f"attention {hf.impl} (probe 256 tokens: {probe})" + (f"; {note}" if note else ""), flush=True)
     s = args.scale
 
     def blocks(n: int) -> int:
