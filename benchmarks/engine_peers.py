@@ -163,7 +163,7 @@ def case_a(lm: LoadedModel, gen: torch.Generator, n: int) -> Case:
 def case_b(lm: LoadedModel, gen: torch.Generator, budget: int, parent_len: int, n_rows: int) -> Case:
     """Two parents prefilled first (untimed, through the engine), then n_rows requests: half extend a
     parent (resume from its cached prefix), half fresh; lengths drawn so the round is full."""
-    engine = _engine(lm, 2 * parent_len + budget + 4096, 96)
+    engine = _engine(lm, 2 * parent_len + budget + 4096, 48)
     parents = [_ids(gen, parent_len), _ids(gen, parent_len)]
     for i, p in enumerate(parents):
         engine.add([engine.make_branch(f"p{i}", 0, p, copy.copy(GREEDY1))])
@@ -474,7 +474,7 @@ def bench_model(name: str, args, out: list[dict]) -> None:
     shapes, head = linear_shapes(hf.model)
     if head is None:   # a tied head is the embedding
         head = (cfg["hidden_size"], cfg["vocab_size"])
-    probe_ids = _ids(gen, 256)
+    probe_ids = _ids(gen, max(32, int(256 * args.scale)))
     impl_times = hf.probe(probe_ids)
     ours = Ours(lm)
     warm = Case("w", "warm-up", [Row((), probe_ids)], [RowInput(probe_ids, 0, list(range(16)), None, [], [255])],
@@ -491,7 +491,7 @@ def bench_model(name: str, args, out: list[dict]) -> None:
     n_params = sum(p.numel() for p in lm.model.parameters()) / 1e9
     probe = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in impl_times.items())
     print(f"\n{name} [setup {time.perf_counter() - t_model:.0f} s]: {n_params:.2f}B parameters, transformers "
-          f"attention {hf.impl} (probe 256 tokens: {probe})" + (f"; {note}" if note else ""), flush=True)
+          f"attention {hf.impl} (probe {len(probe_ids)} tokens: {probe})" + (f"; {note}" if note else ""), flush=True)
     s = args.scale
 
     def blocks(n: int) -> int:
@@ -539,6 +539,8 @@ def bench_model(name: str, args, out: list[dict]) -> None:
         row["wall_s"] = round(time.perf_counter() - t_case, 1)
         out.append(row)
         _print_row(row)
+        if args.json:   # after every case: a run cut short keeps what it measured
+            write_json(args, out)
         hf.release()
         if llama is not None:
             llama.release()
@@ -623,8 +625,12 @@ def main() -> None:
     print_table(out)
     print(f"\n{time.perf_counter() - t0:.0f} s in all", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"cases": out, "threads": torch.get_num_threads(),
-                                         "repeats": args.repeats, "scale": args.scale}, indent=2))
+        write_json(args, out)
+
+
+def write_json(args, out: list[dict]) -> None:
+    args.json.write_text(json.dumps({"cases": out, "threads": torch.get_num_threads(), "repeats": args.repeats,
+                                     "scale": args.scale, "command": " ".join(sys.argv)}, indent=2))
 
 
 if __name__ == "__main__":
