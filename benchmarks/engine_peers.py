@@ -492,20 +492,9 @@ def bench_model(name: str, args, out: list[dict]) -> None:
     probe = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in impl_times.items())
     print(f"\n{name} [setup {time.perf_counter() - t_model:.0f} s]: {n_params:.2f}B parameters, transformers "
           f"attention {hf.impl} (probe {len(probe_ids)} tokens: {probe})" + (f"; {note}" if note else ""), flush=True)
-    s = args.scale
-
-    def blocks(n: int) -> int:
-        return max(BLOCK, int(n * s) // BLOCK * BLOCK)
-
-    builders = {
-        "a": lambda: case_a(lm, gen, blocks(args.prefill_len)),
-        "b": lambda: case_b(lm, gen, max(INTERVAL, int(args.round_tokens * s) // INTERVAL * INTERVAL),
-                            blocks(args.parent_len), args.rows),
-        "c": lambda: case_c(lm, gen, blocks(args.context), args.rows),
-    }
     for cname in args.cases:
         t_case = time.perf_counter()
-        case = builders[cname]()
+        case = make_case(cname, lm, gen, args)
         hf.prepare(case)
         runners = {"radixflow": ours, "transformers": hf}
         if llama is not None:
@@ -547,6 +536,44 @@ def bench_model(name: str, args, out: list[dict]) -> None:
         del case
     if llama is not None:
         llama.close()
+
+
+def make_case(cname: str, lm: LoadedModel, gen: torch.Generator, args) -> Case:
+    s = args.scale
+
+    def blocks(n: int) -> int:
+        return max(BLOCK, int(n * s) // BLOCK * BLOCK)
+
+    if cname == "a":
+        return case_a(lm, gen, blocks(args.prefill_len))
+    if cname == "b":
+        return case_b(lm, gen, max(INTERVAL, int(args.round_tokens * s) // INTERVAL * INTERVAL),
+                      blocks(args.parent_len), args.rows)
+    return case_c(lm, gen, blocks(args.context), args.rows)
+
+
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def profile_model(name: str, args) -> None:
+    """Where radixflow's forward spends the time of each case: torch.profiler's self time by op."""
+    lm = load_model(ensure_random_model(name))
+    gen = torch.Generator().manual_seed(args.seed)
+    for cname in args.cases:
+        case = make_case(cname, lm, gen, args)
+        ours = Ours(lm)
+        ours.run(case)   # warm-up
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            wall, _ = ours.run(case)
+        ops = [(e.key, e.self_cpu_time_total / 1e6) for e in prof.key_averages()]
+        total = sum(t for _, t in ops)
+        gemm = sum(t for k, t in ops if k in GEMM_OPS)
+        top = sorted(ops, key=lambda x: -x[1])[:8]
+        print(f"{name} ({cname}) {case.label}: wall {wall:.2f} s, ops' self time {total:.2f} s; GEMM "
+              f"(mm/addmm/bmm/baddbmm) {gemm / wall:.0%} of wall, other ops {(total - gemm) / wall:.0%}, "
+              f"outside ops (Python, dispatch) {max(0.0, wall - total) / wall:.0%}", flush=True)
+        print("    top ops by self time: " + ", ".join(f"{k} {t / wall:.0%}" for k, t in top), flush=True)
+        del case
 
 
 def _agreement(ours: torch.Tensor, other: torch.Tensor) -> dict:
@@ -596,6 +623,8 @@ def main() -> None:
     ap.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="write {'cases': [...]} to this file")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of the comparison: where radixflow's forward spends each case's time, by op")
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
@@ -617,6 +646,11 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load:.1f}; "
           f"repeats {args.repeats}, scale {args.scale}", flush=True)
+    if args.profile:
+        for name in args.models:
+            profile_model(name, args)
+            gc.collect()
+        return
     t0 = time.perf_counter()
     out: list[dict] = []
     for name in args.models:
