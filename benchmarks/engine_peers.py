@@ -477,8 +477,8 @@ def bench_model(name: str, args, out: list[dict]) -> None:
     probe_ids = _ids(gen, max(32, int(256 * args.scale)))
     impl_times = hf.probe(probe_ids)
     ours = Ours(lm)
-    warm = Case("w", "warm-up", [Row((), probe_ids)], [RowInput(probe_ids, 0, list(range(16)), None, [], [255])],
-                _engine(lm, 512, 4))
+    warm_row = RowInput(probe_ids, 0, list(range(16)), None, [], [len(probe_ids) - 1])
+    warm = Case("w", "warm-up", [Row((), probe_ids)], [warm_row], _engine(lm, 512, 4))
     ours.run(warm)
     del warm
     gguf, note = (None, "--no-llamacpp") if args.no_llamacpp else llamacpp_gguf(path)
