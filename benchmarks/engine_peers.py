@@ -488,7 +488,7 @@ def bench_model(name: str, args, out: list[dict]) -> None:
             llama = LlamaCpp(gguf, torch.get_num_threads())
         except Exception as e:   # llama.cpp refuses the architecture: its one-line reason
             note = f"llama.cpp: {str(e).splitlines()[0]}"
-    n_params = sum(p.numel() for p in lm.model.parameters()) / 1e9
+    n_params = json.loads((path / "model.safetensors.index.json").read_text())["metadata"]["total_size"] / 4e9
     probe = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in impl_times.items())
     print(f"\n{name} [setup {time.perf_counter() - t_model:.0f} s]: {n_params:.2f}B parameters, transformers "
           f"attention {hf.impl} (probe {len(probe_ids)} tokens: {probe})" + (f"; {note}" if note else ""), flush=True)
