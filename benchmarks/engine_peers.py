@@ -26,7 +26,11 @@ the logit rows, attention and scan terms from radixflow.spec) per second of radi
 the `torch.mm` GFLOP/s measured on the model's own GEMM shapes (every nn.Linear of the model at the
 case's token count, capped at 2,048 rows; best of 3), weighted by their FLOPs.
 
-    python benchmarks/engine_peers.py --json out.json          # all models and cases, ~20 min on 2 cores
+    python benchmarks/engine_peers.py --json out.json          # all models and cases at the issue's sizes
+
+Run time: ~105k tokens per model go through the three systems at full size (3 x 3 x (2,048 + 8,192) timed,
+plus setup), ~315k in all: 30-50 min on an idle 2-core machine at the 100-170 tok/s each system reaches
+there, over the issue's ~20 min; `--round-tokens 4096` or `--repeats` lower it, `--scale` for quick runs.
     python benchmarks/engine_peers.py --models random:qwen3-0.6b --cases a --repeats 1 --scale 0.25
 """
 
