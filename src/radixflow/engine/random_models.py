@@ -9,7 +9,7 @@ produced by the tokenizer). transformers' AutoModelForCausalLM loads the same di
 
 The shapes are the real checkpoints' (`qwen3.5-0.8b`, `qwen3-0.6b`); `nemotron-h-1b` is a narrowed,
 shortened Nemotron-Nano-9B-v2 (docs/models.md states exactly what). Weights are drawn like the tiny
-models' (`tiny.random_weights`): fan-in scaled normals for projections (std 1/sqrt(fan_in), 0.017-0.03
+models' (`seeded.init_tensor`): fan-in scaled normals for projections (std 1/sqrt(fan_in), 0.017-0.03
 at these widths; HF's init is 0.02), norms near their neutral value and Mamba/GDN decay parameters in
 their usual ranges, so activations stay O(1) through every layer; unlike the tiny models the embedding
 is scaled too (std 1/sqrt(hidden)), so a tied head gives logits of std ~1 as an untied one does.
@@ -29,7 +29,8 @@ import torch
 from safetensors.torch import save_file
 
 from .models import build_model
-from .tiny import EOS_ID, PAD_ID, _init, default_cache_dir
+from .seeded import EOS_ID, PAD_ID, default_cache_dir
+from .seeded import init_tensor as _init
 from .tokenizer import save_byte_tokenizer
 
 PREFIX = "random:"
