@@ -177,13 +177,16 @@ def sim_model(text: str) -> str:
 
 
 def engine_model(text: str) -> str:
-    """An embedded tiny model's name or a model directory (the engine's models; the files are read later)."""
+    """A built-in model's name (tiny, or `random:` at real size) or a model directory (the engine's
+    models; the files are read or built later)."""
+    from radixflow.engine.random_models import RANDOM_MODELS
     from radixflow.engine.tiny import TINY_MODELS
 
-    if text in TINY_MODELS or Path(text).expanduser().is_dir():
+    if text in TINY_MODELS or text in RANDOM_MODELS or Path(text).expanduser().is_dir():
         return text
     raise argparse.ArgumentTypeError(f"{text!r} is neither a model directory nor a tiny model name "
-                                     f"(tiny models: {', '.join(TINY_MODELS)})")
+                                     f"(tiny models: {', '.join(TINY_MODELS)}; random weights at real "
+                                     f"size: {', '.join(RANDOM_MODELS)})")
 
 
 def names_list(allowed):

@@ -9,7 +9,6 @@ are chosen so a few hundred 300-2000-token prompts run in minutes on two CPU cor
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -20,11 +19,12 @@ import torch
 from safetensors.torch import save_file
 
 from .models import build_model
+from .seeded import EOS_ID, PAD_ID, default_cache_dir
+from .seeded import init_tensor as _init
 from .tokenizer import save_byte_tokenizer
 
 TINY_MODELS = ("tiny-qwen3.5", "tiny-nemotron-h", "tiny-qwen3")
 VOCAB = 512        # 256 bytes + 3 special tokens, padded like real checkpoints pad their vocab
-EOS_ID, PAD_ID = 258, 256  # <|im_end|>, <|endoftext|> in the byte-level tokenizer
 
 _COMMON: dict[str, Any] = {"vocab_size": VOCAB, "hidden_size": 128, "eos_token_id": EOS_ID,
                            "pad_token_id": PAD_ID, "tie_word_embeddings": False, "dtype": "float32",
@@ -55,19 +55,21 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("RADIXFLOW_CACHE", "~/.cache/radixflow")).expanduser() / "models"
-
-
 def resolve_model(name_or_path: str | Path) -> Path:
-    """A tiny model name (built on first use) or an existing model directory."""
+    """A tiny model name or a `random:` real-size model name (both built on first use, see
+    random_models.py), or an existing model directory."""
+    from .random_models import RANDOM_MODELS, ensure_random_model
+
     if str(name_or_path) in TINY_MODELS:
         return ensure_tiny_model(str(name_or_path))
+    if str(name_or_path).startswith("random:"):
+        return ensure_random_model(str(name_or_path))
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
     raise ValueError(f"{name_or_path!r} is neither a model directory nor a tiny model name "
-                     f"(tiny models: {', '.join(TINY_MODELS)})")
+                     f"(tiny models: {', '.join(TINY_MODELS)}; random weights at real size: "
+                     f"{', '.join(RANDOM_MODELS)})")
 
 
 def ensure_tiny_model(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> Path:
@@ -106,24 +108,3 @@ def random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]
     gen = torch.Generator().manual_seed(seed)
     zero_centered = config["model_type"].startswith("qwen3_5")
     return {k: _init(k, shapes[k], gen, zero_centered).contiguous() for k in sorted(shapes)}
-
-
-def _init(name: str, shape: tuple[int, ...], gen: torch.Generator, zero_centered: bool) -> torch.Tensor:
-    noise = torch.randn(shape, generator=gen)
-    leaf = name.rsplit(".", 2)[-2] if "." in name else name
-    if name.endswith("A_log"):
-        return torch.log(1.0 + 15.0 * torch.rand(shape, generator=gen))
-    if name.endswith("dt_bias"):
-        return -2.0 + 2.0 * torch.rand(shape, generator=gen)   # softplus -> dt in ~[0.13, 0.69]
-    if name.endswith(".D"):
-        return 1.0 + 0.1 * noise
-    if "norm" in leaf:
-        plain = not zero_centered or name.endswith("linear_attn.norm.weight")
-        return (1.0 if plain else 0.0) + 0.1 * noise
-    if name.endswith("bias"):
-        return 0.02 * noise
-    if "conv1d" in name:
-        return noise / math.sqrt(shape[-1])
-    if "embed" in name:
-        return noise
-    return noise / math.sqrt(shape[-1])   # fan-in scaling keeps activations O(1)

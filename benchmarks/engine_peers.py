@@ -1,0 +1,675 @@
+"""Engine speed at real model size: radixflow beside transformers and llama.cpp, and the machine's limit.
+
+Models: the random-weight real-size models (`random:qwen3.5-0.8b`, `random:nemotron-h-1b`,
+`random:qwen3-0.6b`; docs/models.md), fp32 everywhere, the same threads for all three systems.
+Cases per model:
+  (a) prefill of one 2,048-token prompt;
+  (b) a round-sized batch: one scheduler round of T = 8,192 tokens over 16 rows, half of them resuming
+      from cached prefixes (two 1,024-token parents prefilled first, four children each) and half fresh;
+      the rows are what radixflow's Scheduler produces for these requests (state captures included);
+  (c) one decode step of 16 rows after a shared 2,048-token prompt (16 branches, their first step).
+radixflow runs each case as one batched forward (the engine's model call, as EngineExecutor makes it).
+transformers runs `AutoModelForCausalLM` with the faster of its sdpa and eager attention (probed per
+model): (a) one call, (b) the 16 rows one after another (it has no ragged batching; a resuming row
+continues from a copy of its parent's cache, copied outside the timing), (c) one batched call over a
+16-row cache. llama.cpp (llama-cpp-python 0.3.36, scripts/install_llamacpp.sh) runs the model converted
+to an F32 GGUF (benchmarks/llamacpp_convert.py) with an F32 KV cache: (a) one sequence, (b) the 16
+rows as 16 sequences of one batch (parents copied into the resuming ones with seq_cp), (c) 16 sequences
+copied from one prefilled prompt, one token each. Only the last position's logits are computed.
+
+Timing: for each case the three systems run interleaved, `--repeats` times (default 3), after one
+small untimed warm-up per model; tokens/s is from the median. Setup (parents' prefill, cache copies)
+is never timed. Same-model proof: top-1 agreement of every logit row (last position of each prompt)
+between ours and transformers, and ours and llama.cpp, with the largest |difference| (scale: the
+logits' std). Peak fraction: the forward's FLOPs (dense layers on the scheduled tokens, the head on
+the logit rows, attention and scan terms from radixflow.spec) per second of radixflow's median, over
+the `torch.mm` GFLOP/s measured on the model's own GEMM shapes (every nn.Linear of the model at the
+case's token count, capped at 2,048 rows; best of 3), weighted by their FLOPs.
+
+    python benchmarks/engine_peers.py --json out.json          # all models and cases at the issue's sizes
+
+Run time: ~105k tokens per model go through the three systems at full size (3 x 3 x (2,048 + 8,192) timed,
+plus setup), ~315k in all: 30-50 min on an idle 2-core machine at the 100-170 tok/s each system reaches
+there, over the issue's ~20 min; `--round-tokens 4096` or `--repeats` lower it, `--scale` for quick runs.
+    python benchmarks/engine_peers.py --models random:qwen3-0.6b --cases a --repeats 1 --scale 0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from radixflow.config import SchedulerConfig  # noqa: E402
+from radixflow.engine.engine import Engine, EngineConfig  # noqa: E402
+from radixflow.engine.loader import LoadedModel, load_model  # noqa: E402
+from radixflow.engine.models import RowInput  # noqa: E402
+from radixflow.engine.random_models import RANDOM_MODELS, ensure_random_model  # noqa: E402
+from radixflow.engine.sampling import SamplingParams  # noqa: E402
+from radixflow.spec import spec_from_hf_config  # noqa: E402
+
+BLOCK = 16
+INTERVAL = 512
+MAX_LEN = 4096    # the engines' max_model_len: the longest prompt here is ~1,800 (b) or 2,048 (a) tokens
+CASES = ("a", "b", "c")
+SYSTEMS = ("radixflow", "transformers", "llamacpp")
+GREEDY1 = SamplingParams(temperature=0.0, max_tokens=1)
+
+
+@dataclass
+class Row:
+    """One row of a case: `tokens` computed at positions [start, start + len) after `prefix`."""
+    prefix: tuple[int, ...]
+    tokens: list[int]
+    logits: bool = True   # the row ends its prompt: its last position's logits are asked for
+
+    @property
+    def start(self) -> int:
+        return len(self.prefix)
+
+
+@dataclass
+class Case:
+    name: str
+    label: str
+    rows: list[Row]
+    ours_rows: list[RowInput]
+    engine: Engine | None
+    restore: list[tuple[int, tuple]] = field(default_factory=list)   # (slot, saved state) before each run
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.rows)
+
+
+# ----------------------------------------------------------------------------------------- cases
+def _ids(gen: torch.Generator, n: int) -> list[int]:
+    return torch.randint(0, 256, (n,), generator=gen).tolist()   # byte tokens: the tokenizer's ids
+
+
+def _engine(lm: LoadedModel, tokens: int, slots: int, rows: int = 16) -> Engine:
+    """An engine over `lm` whose pools hold `tokens` tokens of KV and `slots` state slots."""
+    sc = SchedulerConfig(max_num_seqs=rows, max_num_batched_tokens=8192, block_size=BLOCK,
+                         state_interval=INTERVAL)
+    probe = lm.model.allocate_cache(1, BLOCK, 1)
+    page_bytes, slot_bytes = probe.kv_bytes_per_token * BLOCK, probe.state_bytes_per_slot
+    del probe
+    pages = max(-(-tokens // BLOCK) + 4 * rows, MAX_LEN // BLOCK)
+    kv, st = max(page_bytes, 1) * pages, (slot_bytes * slots if lm.model.is_hybrid else 0)
+    budget = kv + st
+    cfg = EngineConfig(model=str(lm.path), scheduler=sc, kv_cache_memory=budget,
+                       state_memory_fraction=st / budget if st else 0.3, max_model_len=MAX_LEN)
+    return Engine(cfg, loaded=lm)
+
+
+def _schedule(engine: Engine, prompts: list[list[int]], tag: str) -> list:
+    """Add the prompts as requests and return the fragments of the round the scheduler makes of them."""
+    for i, p in enumerate(prompts):
+        engine.add([engine.make_branch(f"{tag}{i}", 0, p, copy.copy(GREEDY1))])
+    engine.now += 1.0   # past any admission timer
+    engine.scheduler.admit(engine.now)
+    return list(engine.scheduler.schedule(engine.now).fragments)
+
+
+def _rows_of(fragments) -> tuple[list[Row], list[RowInput]]:
+    rows, ours = [], []
+    for f in fragments:
+        if f.after is not None:
+            raise RuntimeError("a dependent row (hand-off) in the benchmark round: the case is not as designed")
+        rows.append(Row(tuple(f.branch.tokens[:f.start]), list(f.token_ids), f.samples))
+        ours.append(RowInput(list(f.token_ids), f.start, list(f.page_table), f.state_in, list(f.state_out),
+                             [f.num_tokens - 1] if f.samples else [], None))
+    return rows, ours
+
+
+def _finish(engine: Engine, fragments, rows: list[RowInput]) -> list[tuple[int, tuple]]:
+    """Page copies the executor would make before the forward, and the slots to restore before each
+    repeat (a slot both read and written by the round)."""
+    for f in fragments:
+        for src, dst in f.copies_before:
+            engine.cache.copy_page(src, dst)
+    read = {r.state_in for r in rows if r.state_in is not None}
+    written = {s for r in rows for _, s in r.state_out}
+    return [(s, _save_slot(engine, s)) for s in sorted(read & written)]
+
+
+def _save_slot(engine: Engine, slot: int) -> tuple:
+    c = engine.cache
+    return tuple(t[slot].clone() for t in (*c.conv, *c.rec))
+
+
+def _load_slot(engine: Engine, slot: int, saved: tuple) -> None:
+    c = engine.cache
+    for t, s in zip((*c.conv, *c.rec), saved):
+        t[slot].copy_(s)
+
+
+def case_a(lm: LoadedModel, gen: torch.Generator, n: int) -> Case:
+    engine = _engine(lm, n + 64, 16)
+    frags = _schedule(engine, [_ids(gen, n)], "a")
+    rows, ours = _rows_of(frags)
+    return Case("a", f"1 x {n}", rows, ours, engine, _finish(engine, frags, ours))
+
+
+def case_b(lm: LoadedModel, gen: torch.Generator, budget: int, parent_len: int, n_rows: int) -> Case:
+    """Two parents prefilled first (untimed, through the engine), then n_rows requests: half extend a
+    parent (resume from its cached prefix), half fresh; lengths drawn so the round is full."""
+    engine = _engine(lm, 2 * parent_len + budget + 4096, 48)
+    parents = [_ids(gen, parent_len), _ids(gen, parent_len)]
+    for i, p in enumerate(parents):
+        engine.add([engine.make_branch(f"p{i}", 0, p, copy.copy(GREEDY1))])
+    while engine.has_unfinished:
+        engine.step(engine.now + 1.0)
+    per_row = budget / n_rows
+    lengths = [int(per_row * (0.5 + torch.rand((), generator=gen).item())) for _ in range(n_rows)]
+    lengths = [max(16, round(x * (budget + per_row / 2) / sum(lengths))) for x in lengths]
+    # even rows extend parent 0 or 1 (alternately), odd rows are fresh prompts
+    prompts = [parents[(i // 2) % 2] + _ids(gen, n) if i % 2 == 0 else _ids(gen, n) for i, n in enumerate(lengths)]
+    frags = _schedule(engine, prompts, "b")
+    rows, ours = _rows_of(frags)
+    return Case("b", f"{len(rows)} rows, round of {sum(len(r.tokens) for r in rows)}", rows, ours, engine,
+                _finish(engine, frags, ours))
+
+
+def case_c(lm: LoadedModel, gen: torch.Generator, context: int, n_rows: int) -> Case:
+    """The shared prompt prefilled once (untimed), its state captured at its end; then n_rows decode
+    rows, each one new token at position `context`, reading the shared pages and state."""
+    engine = _engine(lm, context + 64 + n_rows * BLOCK, n_rows + 8)
+    model, cache = lm.model, engine.cache
+    prompt = _ids(gen, context)
+    n_pages = -(-context // BLOCK)
+    pages = list(range(n_pages))
+    slot = n_rows if model.is_hybrid else None
+    out = [(context, slot)] if model.is_hybrid else []
+    model([RowInput(prompt, 0, pages, None, out, [], None)], cache)
+    tokens = _ids(gen, n_rows)
+    rows, ours = [], []
+    for i, t in enumerate(tokens):
+        own = n_pages + i if context % BLOCK == 0 else None
+        if own is None:   # the prompt's last page is partial: each row gets its own copy
+            own = n_pages + i
+            cache.copy_page(n_pages - 1, own)
+            table = pages[:-1] + [own]
+        else:
+            table = pages + [own]
+        rows.append(Row(tuple(prompt), [t]))
+        ours.append(RowInput([t], context, table, slot, [(1, i)] if model.is_hybrid else [], [0], None))
+    return Case("c", f"{n_rows} rows decode at {context}", rows, ours, engine)
+
+
+# ------------------------------------------------------------------------------------- runners
+class Ours:
+    def __init__(self, lm: LoadedModel):
+        self.model = lm.model
+
+    def run(self, case: Case) -> tuple[float, torch.Tensor]:
+        for slot, saved in case.restore:
+            _load_slot(case.engine, slot, saved)
+        t = time.perf_counter()
+        with torch.inference_mode():
+            logits = self.model(case.ours_rows, case.engine.cache)
+        return time.perf_counter() - t, logits
+
+
+class Transformers:
+    def __init__(self, path: Path, impl: str | None = None):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.impl = impl or "sdpa"
+        self.model.set_attn_implementation(self.impl)
+        self.prefix_cache: dict[tuple, object] = {}
+        self.batched: object | None = None
+        self.hybrid = any(k in str(self.model.config.to_dict()) for k in ("linear_attention", "mamba"))
+
+    def probe(self, ids: list[int]) -> dict[str, float]:
+        """Prefill seconds of `ids` under each attention implementation (best of 2); keeps the faster."""
+        times = {}
+        for impl in ("sdpa", "eager"):
+            self.model.set_attn_implementation(impl)
+            best = math.inf
+            for _ in range(2):
+                t = time.perf_counter()
+                self._forward(torch.tensor([ids]))
+                best = min(best, time.perf_counter() - t)
+            times[impl] = best
+        self.impl = min(times, key=times.get)
+        self.model.set_attn_implementation(self.impl)
+        return times
+
+    def _forward(self, ids: torch.Tensor, cache=None, use_cache: bool = False):
+        with torch.inference_mode():
+            return self.model(ids, past_key_values=cache, use_cache=use_cache or cache is not None,
+                              logits_to_keep=1)
+
+    def prepare(self, case: Case) -> None:
+        """Caches of every distinct prefix (untimed); for (c) one 16-row cache."""
+        self.prefix_cache.clear()
+        self.batched = None
+        for r in case.rows:
+            if r.prefix and r.prefix not in self.prefix_cache:
+                out = self._forward(torch.tensor([list(r.prefix)]), use_cache=True)
+                self.prefix_cache[r.prefix] = out.past_key_values
+        if case.name == "c":
+            (cache,) = self.prefix_cache.values()
+            cache.reorder_cache(torch.zeros(len(case.rows), dtype=torch.long))
+            self.batched = cache
+            self.prefix_cache.clear()
+
+    def run(self, case: Case) -> tuple[float, torch.Tensor]:
+        if case.name == "c":
+            cache = copy.deepcopy(self.batched) if self.hybrid else self.batched
+            ids = torch.tensor([[r.tokens[0]] for r in case.rows])
+            t = time.perf_counter()
+            out = self._forward(ids, cache)
+            elapsed = time.perf_counter() - t
+            if not self.hybrid:
+                cache.crop(-1)   # back to the prompt: the appended position dropped
+            return elapsed, out.logits[:, -1]
+        elapsed, logits = 0.0, []
+        for r in case.rows:
+            cache = copy.deepcopy(self.prefix_cache[r.prefix]) if r.prefix else None
+            t = time.perf_counter()
+            out = self._forward(torch.tensor([r.tokens]), cache)
+            elapsed += time.perf_counter() - t
+            del cache
+            if r.logits:
+                logits.append(out.logits[0, -1])
+        return elapsed, torch.stack(logits)
+
+    def release(self) -> None:
+        self.prefix_cache.clear()
+        self.batched = None
+
+
+class LlamaCpp:
+    """llama.cpp through llama-cpp-python's low-level API: one context per case, one batch per run."""
+
+    def __init__(self, gguf: Path, threads: int):
+        import llama_cpp as lc
+
+        self.lc = lc
+        _quiet_llamacpp(lc)
+        lc.llama_backend_init()
+        mp = lc.llama_model_default_params()
+        _LLAMA_ERRORS.clear()
+        self.model = lc.llama_model_load_from_file(str(gguf).encode(), mp)
+        if not self.model:   # its own one-line reason, e.g. an unknown architecture
+            raise RuntimeError(_LLAMA_ERRORS[0] if _LLAMA_ERRORS else f"could not load {gguf}")
+        self.threads = threads
+        self.ctx = None
+
+    def prepare(self, case: Case) -> None:
+        lc = self.lc
+        self.release()
+        seqs = len(case.rows) + 2
+        cells = sum(len(r.tokens) for r in case.rows) + sum(len(p) for p in {r.prefix for r in case.rows})
+        cp = lc.llama_context_default_params()
+        cp.n_ctx = 256 * (-(-(cells + 64) // 256))
+        cp.n_batch = max(512, case.tokens, max(len(p) for p in [r.prefix for r in case.rows] + [()]))
+        cp.n_ubatch = 512
+        cp.n_seq_max = seqs
+        cp.n_threads = cp.n_threads_batch = self.threads
+        cp.type_k = cp.type_v = 0   # GGML_TYPE_F32: an F32 KV cache, as ours and transformers keep
+        if hasattr(cp, "kv_unified"):
+            cp.kv_unified = True
+        self.ctx = lc.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not create a context")
+        self.mem = lc.llama_get_memory(self.ctx)
+        self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+        # the distinct prefixes, each prefilled once into a parent sequence (ids seqs-1, seqs-2, ...)
+        self.parent_of: dict[tuple, int] = {}
+        for p in sorted({r.prefix for r in case.rows if r.prefix}):
+            sid = seqs - 1 - len(self.parent_of)
+            self._decode([(sid, 0, list(p), False)])
+            self.parent_of[p] = sid
+
+    def _decode(self, items: list[tuple[int, int, list[int], bool]]) -> list:
+        """One llama_decode over (seq, start, tokens, want_last_logits) items; the logits rows asked."""
+        lc = self.lc
+        n = sum(len(t) for _, _, t, _ in items)
+        batch = lc.llama_batch_init(n, 0, 1)
+        try:
+            k, want = 0, []
+            for seq, start, toks, last in items:
+                for j, tok in enumerate(toks):
+                    batch.token[k] = tok
+                    batch.pos[k] = start + j
+                    batch.n_seq_id[k] = 1
+                    batch.seq_id[k][0] = seq
+                    batch.logits[k] = last and j == len(toks) - 1
+                    if batch.logits[k]:
+                        want.append(k)
+                    k += 1
+            batch.n_tokens = n
+            rc = lc.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+            return [torch.tensor(lc.llama_get_logits_ith(self.ctx, i)[:self.n_vocab]) for i in want]
+        finally:
+            lc.llama_batch_free(batch)
+
+    def run(self, case: Case) -> tuple[float, torch.Tensor]:
+        lc = self.lc
+        for i in range(len(case.rows)):   # the row sequences back to their parents' state, untimed
+            lc.llama_memory_seq_rm(self.mem, i, -1, -1)
+        for i, r in enumerate(case.rows):
+            if r.prefix:
+                lc.llama_memory_seq_cp(self.mem, self.parent_of[r.prefix], i, -1, -1)
+        items = [(i, r.start, r.tokens, r.logits) for i, r in enumerate(case.rows)]
+        t = time.perf_counter()
+        logits = self._decode(items)
+        return time.perf_counter() - t, torch.stack(logits)
+
+    def release(self) -> None:
+        if self.ctx is not None:
+            self.lc.llama_free(self.ctx)
+            self.ctx = None
+
+    def close(self) -> None:
+        self.release()
+        self.lc.llama_model_free(self.model)
+
+
+_LLAMA_ERRORS: list[str] = []
+_LLAMA_LOG: list = []   # keeps the ctypes callback alive
+
+
+def _quiet_llamacpp(lc) -> None:
+    """llama.cpp's log silenced; its error lines kept (the reason a model load fails)."""
+    if _LLAMA_LOG:
+        return
+
+    @lc.llama_log_callback
+    def log(level, text, user_data):
+        if level == 4 and text:   # GGML_LOG_LEVEL_ERROR
+            line = text.decode("utf-8", "replace").strip()
+            if line:
+                _LLAMA_ERRORS.append(line)
+
+    _LLAMA_LOG.append(log)
+    lc.llama_log_set(log, None)
+
+
+def llamacpp_gguf(path: Path) -> tuple[Path | None, str | None]:
+    """The model's F32 GGUF (converted once, next to the model directory), or (None, why not)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return None, "llama-cpp-python is not installed (scripts/install_llamacpp.sh)"
+    out = path.parent / f"{path.name}.f32.gguf"
+    if not out.is_file():
+        res = subprocess.run([sys.executable, str(Path(__file__).with_name("llamacpp_convert.py")), str(path),
+                              str(out)], capture_output=True, text=True)
+        if res.returncode != 0:
+            lines = [x for x in (res.stderr + res.stdout).splitlines() if x.strip()]
+            return None, "conversion failed: " + (lines[-1] if lines else f"exit {res.returncode}")
+    return out, None
+
+
+# ----------------------------------------------------------------------------------- FLOPs, peak
+def linear_shapes(hf_model) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """(in, out) of every nn.Linear of the transformers model but the head, and the head's."""
+    shapes, head = [], None
+    for name, m in hf_model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            if name.endswith("lm_head"):
+                head = (m.in_features, m.out_features)
+            else:
+                shapes.append((m.in_features, m.out_features))
+    return shapes, head
+
+
+def case_flops(case: Case, shapes, head, spec) -> float:
+    dense = 2 * sum(k * n for k, n in shapes) * case.tokens
+    head_f = 2 * head[0] * head[1] * sum(r.logits for r in case.rows)
+    attn = sum(spec.attention_flops(len(r.tokens), r.start) for r in case.rows)
+    rec = sum(spec.recurrent_flops(len(r.tokens)) for r in case.rows)
+    return dense + head_f + attn + rec
+
+
+def mm_peak(case: Case, shapes, head, cap: int = 2048) -> float:
+    """FLOP/s of torch.mm over the model's GEMM shapes at the case's row count (<= cap), by FLOP weight."""
+    m = min(case.tokens, cap)
+    counts: dict[tuple[int, int, int], int] = {}
+    for k, n in shapes:
+        counts[(m, k, n)] = counts.get((m, k, n), 0) + 1
+    lm = sum(r.logits for r in case.rows)
+    counts[(lm, *head)] = counts.get((lm, *head), 0) + 1
+    flops = secs = 0.0
+    for (mm, k, n), c in counts.items():
+        a, w = torch.randn(mm, k), torch.randn(n, k)
+        torch.mm(a, w.t())
+        best = math.inf
+        for _ in range(3):
+            t = time.perf_counter()
+            torch.mm(a, w.t())
+            best = min(best, time.perf_counter() - t)
+        flops += 2 * mm * k * n * c
+        secs += best * c
+    return flops / secs
+
+
+# ------------------------------------------------------------------------------------- the bench
+def bench_model(name: str, args, out: list[dict]) -> None:
+    from transformers import AutoConfig  # noqa: F401  (imported before llama.cpp's threads start)
+
+    t_model = time.perf_counter()
+    path = ensure_random_model(name)
+    cfg = json.loads((path / "config.json").read_text())
+    spec = spec_from_hf_config(cfg, name)
+    gen = torch.Generator().manual_seed(args.seed)
+    lm = load_model(path)
+    hf = Transformers(path)
+    shapes, head = linear_shapes(hf.model)
+    if head is None:   # a tied head is the embedding
+        head = (cfg["hidden_size"], cfg["vocab_size"])
+    probe_ids = _ids(gen, max(32, int(256 * args.scale)))
+    impl_times = hf.probe(probe_ids)
+    ours = Ours(lm)
+    warm_row = RowInput(probe_ids, 0, list(range(16)), None, [], [len(probe_ids) - 1])
+    warm = Case("w", "warm-up", [Row((), probe_ids)], [warm_row], _engine(lm, 512, 4))
+    ours.run(warm)
+    del warm
+    gguf, note = (None, "--no-llamacpp") if args.no_llamacpp else llamacpp_gguf(path)
+    llama = None
+    if gguf is not None:
+        try:
+            llama = LlamaCpp(gguf, torch.get_num_threads())
+        except Exception as e:   # llama.cpp refuses the architecture: its one-line reason
+            note = f"llama.cpp: {str(e).splitlines()[0]}"
+    n_params = json.loads((path / "model.safetensors.index.json").read_text())["metadata"]["total_size"] / 4e9
+    probe = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in impl_times.items())
+    print(f"\n{name} [setup {time.perf_counter() - t_model:.0f} s]: {n_params:.2f}B parameters, transformers "
+          f"attention {hf.impl} (probe {len(probe_ids)} tokens: {probe})" + (f"; {note}" if note else ""), flush=True)
+    for cname in args.cases:
+        t_case = time.perf_counter()
+        case = make_case(cname, lm, gen, args)
+        hf.prepare(case)
+        runners = {"radixflow": ours, "transformers": hf}
+        if llama is not None:
+            try:
+                llama.prepare(case)
+                runners["llamacpp"] = llama
+            except Exception as e:
+                note = f"llama.cpp: {str(e).splitlines()[0]}"
+        times: dict[str, list[float]] = {k: [] for k in runners}
+        logits: dict[str, torch.Tensor] = {}
+        for _ in range(args.repeats):
+            for sysname, runner in runners.items():
+                t, lg = runner.run(case)
+                times[sysname].append(t)
+                logits[sysname] = lg
+        med = {k: statistics.median(v) for k, v in times.items()}
+        tps = {k: case.tokens / v for k, v in med.items()}
+        flops = case_flops(case, shapes, head, spec)
+        peak = mm_peak(case, shapes, head)
+        frac = flops / med["radixflow"] / peak
+        agree = {k: _agreement(logits["radixflow"], logits[k]) for k in logits if k != "radixflow"}
+        row = {"model": name, "case": cname, "label": case.label, "tokens": case.tokens,
+               "radixflow_tps": round(tps["radixflow"], 2), "transformers_tps": round(tps["transformers"], 2),
+               "llamacpp_tps": round(tps["llamacpp"], 2) if "llamacpp" in tps else None,
+               "peak_fraction": round(frac, 4), "mm_gflops": round(peak / 1e9, 1),
+               "forward_gflop": round(flops / 1e9, 2), "transformers_attention": hf.impl,
+               "seconds": {k: [round(x, 4) for x in v] for k, v in times.items()},
+               "agreement": agree}
+        if "llamacpp" not in tps:
+            row["llamacpp_note"] = note or "not run"
+        row["wall_s"] = round(time.perf_counter() - t_case, 1)
+        out.append(row)
+        _print_row(row)
+        if args.json:   # after every case: a run cut short keeps what it measured
+            write_json(args, out)
+        hf.release()
+        if llama is not None:
+            llama.release()
+        del case
+    if llama is not None:
+        llama.close()
+
+
+def make_case(cname: str, lm: LoadedModel, gen: torch.Generator, args) -> Case:
+    s = args.scale
+
+    def blocks(n: int) -> int:
+        return max(BLOCK, int(n * s) // BLOCK * BLOCK)
+
+    if cname == "a":
+        return case_a(lm, gen, blocks(args.prefill_len))
+    if cname == "b":
+        return case_b(lm, gen, max(INTERVAL, int(args.round_tokens * s) // INTERVAL * INTERVAL),
+                      blocks(args.parent_len), args.rows)
+    return case_c(lm, gen, blocks(args.context), args.rows)
+
+
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def profile_model(name: str, args) -> None:
+    """Where radixflow's forward spends the time of each case: torch.profiler's self time by op."""
+    lm = load_model(ensure_random_model(name))
+    gen = torch.Generator().manual_seed(args.seed)
+    for cname in args.cases:
+        case = make_case(cname, lm, gen, args)
+        ours = Ours(lm)
+        ours.run(case)   # warm-up
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            wall, _ = ours.run(case)
+        ops = [(e.key, e.self_cpu_time_total / 1e6) for e in prof.key_averages()]
+        total = sum(t for _, t in ops)
+        gemm = sum(t for k, t in ops if k in GEMM_OPS)
+        top = sorted(ops, key=lambda x: -x[1])[:8]
+        print(f"{name} ({cname}) {case.label}: wall {wall:.2f} s, ops' self time {total:.2f} s; GEMM "
+              f"(mm/addmm/bmm/baddbmm) {gemm / wall:.0%} of wall, other ops {(total - gemm) / wall:.0%}, "
+              f"outside ops (Python, dispatch) {max(0.0, wall - total) / wall:.0%}", flush=True)
+        print("    top ops by self time: " + ", ".join(f"{k} {t / wall:.0%}" for k, t in top), flush=True)
+        del case
+
+
+def _agreement(ours: torch.Tensor, other: torch.Tensor) -> dict:
+    ours, other = ours.float(), other.float().reshape(ours.shape)
+    return {"top1": f"{int((ours.argmax(-1) == other.argmax(-1)).sum())}/{ours.shape[0]}",
+            "max_abs_diff": float((ours - other).abs().max()), "logit_std": float(ours.std())}
+
+
+def _print_row(r: dict) -> None:
+    ll = r["llamacpp_tps"]
+    ratio_t = r["radixflow_tps"] / r["transformers_tps"]
+    ratio_l = f"x{r['radixflow_tps'] / ll:5.2f}" if ll else "  -  "
+    agree = "  ".join(f"{k} top-1 {v['top1']} max|d| {v['max_abs_diff']:.1e}" for k, v in r["agreement"].items())
+    print(f"  ({r['case']}) {r['label']:30s} tok/s: radixflow {r['radixflow_tps']:8.1f}  transformers "
+          f"{r['transformers_tps']:8.1f} (x{ratio_t:.2f})  llama.cpp "
+          f"{(f'{ll:8.1f}' if ll else '       -')} ({ratio_l})  peak {r['peak_fraction']:.2f} of "
+          f"{r['mm_gflops']:.0f} GFLOP/s  [{r['wall_s']:.0f} s]", flush=True)
+    print(f"      same model: {agree}" + (f"   llama.cpp: {r['llamacpp_note']}" if ll is None else ""), flush=True)
+
+
+def print_table(cases: list[dict]) -> None:
+    print("\n| model | case | tokens | radixflow tok/s | transformers tok/s | llama.cpp tok/s | vs transformers "
+          "| vs llama.cpp | peak fraction |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in cases:
+        ll = r["llamacpp_tps"]
+        vs_ll = f"{r['radixflow_tps'] / ll:.2f}x" if ll else "—"
+        print(f"| {r['model']} | ({r['case']}) {r['label']} | {r['tokens']} | {r['radixflow_tps']:.1f} | "
+              f"{r['transformers_tps']:.1f} | {f'{ll:.1f}' if ll else '— (' + r['llamacpp_note'] + ')'} | "
+              f"{r['radixflow_tps'] / r['transformers_tps']:.2f}x | "
+              f"{vs_ll} | {r['peak_fraction']:.2f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=list(RANDOM_MODELS), choices=RANDOM_MODELS)
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prefill-len", type=int, default=2048, help="(a): the prompt's tokens")
+    ap.add_argument("--round-tokens", type=int, default=8192, help="(b): the round's token budget T")
+    ap.add_argument("--parent-len", type=int, default=1024, help="(b): each cached parent prefix's tokens")
+    ap.add_argument("--context", type=int, default=2048, help="(c): the shared prompt's tokens")
+    ap.add_argument("--rows", type=int, default=16, help="(b), (c): rows of the batch")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="multiply every case's token counts (quick runs; 1 = the sizes given)")
+    ap.add_argument("--threads", type=int, default=None, help="threads for all three systems (default torch's)")
+    ap.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="write {'cases': [...]} to this file")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of the comparison: where radixflow's forward spends each case's time, by op")
+    args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
+    if not 0 < args.scale <= 1:
+        ap.error("--scale must be in (0, 1]")
+    for flag in ("prefill_len", "round_tokens", "parent_len", "context"):
+        if getattr(args, flag) < BLOCK:
+            ap.error(f"--{flag.replace('_', '-')} must be >= {BLOCK}")
+    if args.rows < 2:
+        ap.error("--rows must be >= 2")
+    if args.round_tokens < INTERVAL:
+        ap.error(f"--round-tokens must be >= the state interval {INTERVAL}")
+    if max(args.prefill_len, args.context, args.parent_len + 2 * args.round_tokens // args.rows) >= MAX_LEN:
+        ap.error(f"a prompt would reach max_model_len {MAX_LEN}: lower --prefill-len / --context / --parent-len")
+    if args.threads is not None:
+        if args.threads < 1:
+            ap.error("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load:.1f}; "
+          f"repeats {args.repeats}, scale {args.scale}", flush=True)
+    if args.profile:
+        for name in args.models:
+            profile_model(name, args)
+            gc.collect()
+        return
+    t0 = time.perf_counter()
+    out: list[dict] = []
+    for name in args.models:
+        bench_model(name, args, out)
+        gc.collect()   # one model's three copies gone before the next loads
+    print_table(out)
+    print(f"\n{time.perf_counter() - t0:.0f} s in all", flush=True)
+    if args.json:
+        write_json(args, out)
+
+
+def write_json(args, out: list[dict]) -> None:
+    args.json.write_text(json.dumps({"cases": out, "threads": torch.get_num_threads(), "repeats": args.repeats,
+                                     "scale": args.scale, "command": " ".join(sys.argv)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
