@@ -27,12 +27,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import engine_real  # noqa: E402
 from radixflow.engine.loader import load_model  # noqa: E402
 from radixflow.engine.models import RowInput  # noqa: E402
 from radixflow.engine.tiny import TINY_MODELS, ensure_tiny_model  # noqa: E402
 from timing import timed_pair  # noqa: E402
-
-import engine_real  # noqa: E402
 
 BLOCK = 16
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from .batch import BatchContext
 from .cache import ModelCache
-from .layers import RMSNorm, Rotary
+from .layers import FusedLinears, RMSNorm, Rotary
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: BatchContext,
@@ -69,6 +69,7 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        self.__dict__["fused"] = FusedLinears(self.q_proj, self.k_proj, self.v_proj)
         if qk_norm is not None:
             self.q_norm = RMSNorm(head_dim, eps, zero_centered=qk_norm == "zero_centered")
             self.k_norm = RMSNorm(head_dim, eps, zero_centered=qk_norm == "zero_centered")
@@ -76,12 +77,13 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
         n, d = x.shape[0], self.head_dim
-        q = self.q_proj(x).view(n, self.heads, -1)
+        q, k, v = self.fused(x)
+        q = q.view(n, self.heads, -1)
         gate = None
         if self.output_gate:
             q, gate = q[..., :d], q[..., d:]
-        k = self.k_proj(x).view(n, self.kv_heads, d)
-        v = self.v_proj(x).view(n, self.kv_heads, d)
+        k = k.view(n, self.kv_heads, d)
+        v = v.view(n, self.kv_heads, d)
         if self.qk_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
