@@ -35,10 +35,23 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Ba
         if row.start == 0:
             keys, values = k[lo:hi], v[lo:hi]
         else:
-            ctx = batch.context_index(i)
-            keys, values = k_pool[ctx].to(q.dtype), v_pool[ctx].to(q.dtype)
+            keys, values = _context(k_pool, batch, i).to(q.dtype), _context(v_pool, batch, i).to(q.dtype)
         out[lo:hi] = _attend(q[lo:hi], keys, values, batch.causal_mask(i), row.start == 0, scale)
     return out
+
+
+def _context(pool: torch.Tensor, batch: BatchContext, i: int) -> torch.Tensor:
+    """Row i's context K or V [S, Hkv, D]: a view of the pool when its pages are consecutive, the few
+    runs of consecutive pages copied by slices (bulk copies), or a gather per token when scattered."""
+    runs = batch.context_runs(i)
+    if len(runs) == 1:
+        return pool[runs[0][0]:runs[0][1]]
+    if len(runs) <= _MAX_RUNS:
+        return torch.cat([pool[a:b] for a, b in runs])
+    return pool[batch.context_index(i)]
+
+
+_MAX_RUNS = 8
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
