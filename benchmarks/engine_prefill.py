@@ -1,10 +1,18 @@
-"""Prefill throughput of our batched paged forward vs transformers' own forward, same tiny weights.
+"""Prefill throughput of our batched paged forward vs transformers' own forward, same weights.
 
-Two cases per model: one long sequence, and 16 rows of mixed lengths (ours: ONE batched call;
-transformers: the 16 sequences one after another, as it has no paged/varlen batching).
-Prints tokens/s (best of --repeat timed runs after one warm-up).
+Tiny models (default): one long sequence, 16 rows of mixed lengths and a round-sized batch (ours: ONE
+batched call; transformers: the sequences one after another, as it has no paged/varlen batching);
+best of --repeat timed runs after one warm-up.
+
+Real sizes (`--real qwen3.5-0.8b qwen3-0.6b nemotron-h-1b [--layers N]`, benchmarks/engine_real.py):
+random weights at the real widths, shared by both models, and issue 27's three cases: (a) one 2,048-token
+prefill, (b) 16 rows / 8,192 tokens, half resuming after a cached 1,024-token prefix (our paged KV and
+state in; transformers a copy of its prefix cache per row, copied outside the timing), (c) one decode
+step of 16 rows at 2,048 context (transformers batched, its cache repeated per row). Medians of
+--repeat interleaved runs; the max |logit difference| of the two models is printed beside each ratio.
 
     python benchmarks/engine_prefill.py [--models tiny-qwen3.5 ...] [--seq-len 1024] [--rows 16]
+    python benchmarks/engine_prefill.py --real qwen3.5-0.8b --layers 4 [--cases abc] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import engine_real  # noqa: E402
 from radixflow.engine.loader import load_model  # noqa: E402
 from radixflow.engine.models import RowInput  # noqa: E402
 from radixflow.engine.tiny import TINY_MODELS, ensure_tiny_model  # noqa: E402
@@ -68,15 +77,51 @@ def _hf_sequential(hf, seqs: list[list[int]]) -> None:
             hf(torch.tensor([s]), logits_to_keep=1)
 
 
+def bench_real(name: str, layers: int | None, which: str, repeat: int) -> None:
+    import statistics
+    import time
+
+    cfg = engine_real.real_config(name, layers)
+    ours, hf = engine_real.build_pair(cfg)
+    n_layers = len(ours.model.layers)
+    for case in engine_real.make_cases(ours, hf, cfg["vocab_size"], which):
+        diff = (case.run_ours(ours) - engine_real.run_hf(hf, case.hf_inputs())).abs().max().item()
+        t_ours, t_hf = [], []
+        for _ in range(repeat):
+            calls = case.hf_inputs()
+            t = time.perf_counter()
+            case.run_ours(ours)
+            t_ours.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            engine_real.run_hf(hf, calls)
+            t_hf.append(time.perf_counter() - t)
+        a, b = statistics.median(t_ours), statistics.median(t_hf)
+        print(f"{name:14s} {n_layers:2d} layers  {case.label:26s} {case.tokens:5d} tok  ours {case.tokens / a:8.0f} "
+              f"tok/s  transformers {case.tokens / b:8.0f} tok/s  x{b / a:.2f}  max|dlogit| {diff:.1e}", flush=True)
+    del ours, hf
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(TINY_MODELS), choices=TINY_MODELS)
+    ap.add_argument("--real", nargs="+", choices=engine_real.REAL_MODELS,
+                    help="real-size random models instead of the tiny ones (cases a, b, c)")
+    ap.add_argument("--layers", type=int, default=None, help="--real: cut each model to N layers")
+    ap.add_argument("--cases", default="abc", help="--real: which of the cases a, b, c to run")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load:.1f}")
+    if args.layers is not None and args.layers < 1:
+        ap.error(f"--layers must be >= 1, got {args.layers}")
+    if set(args.cases) - set("abc") or not args.cases:
+        ap.error(f"--cases takes letters among a, b, c, got {args.cases!r}")
+    if args.real:
+        for name in args.real:
+            bench_real(name, args.layers, args.cases, args.repeat)
+        return
     for name in args.models:
         bench_model(name, args.seq_len, args.rows, args.repeat)
 

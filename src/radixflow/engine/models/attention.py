@@ -14,7 +14,7 @@ from torch import nn
 
 from .batch import BatchContext
 from .cache import ModelCache
-from .layers import RMSNorm, Rotary
+from .layers import FusedLinears, RMSNorm, Rotary
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: BatchContext,
@@ -35,10 +35,23 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Ba
         if row.start == 0:
             keys, values = k[lo:hi], v[lo:hi]
         else:
-            ctx = batch.context_index(i)
-            keys, values = k_pool[ctx].to(q.dtype), v_pool[ctx].to(q.dtype)
+            keys, values = _context(k_pool, batch, i).to(q.dtype), _context(v_pool, batch, i).to(q.dtype)
         out[lo:hi] = _attend(q[lo:hi], keys, values, batch.causal_mask(i), row.start == 0, scale)
     return out
+
+
+def _context(pool: torch.Tensor, batch: BatchContext, i: int) -> torch.Tensor:
+    """Row i's context K or V [S, Hkv, D]: a view of the pool when its pages are consecutive, the few
+    runs of consecutive pages copied by slices (bulk copies), or a gather per token when scattered."""
+    runs = batch.context_runs(i)
+    if len(runs) == 1:
+        return pool[runs[0][0]:runs[0][1]]
+    if len(runs) <= _MAX_RUNS:
+        return torch.cat([pool[a:b] for a, b in runs])
+    return pool[batch.context_index(i)]
+
+
+_MAX_RUNS = 8
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -69,6 +82,7 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        self.__dict__["fused"] = FusedLinears(self.q_proj, self.k_proj, self.v_proj)
         if qk_norm is not None:
             self.q_norm = RMSNorm(head_dim, eps, zero_centered=qk_norm == "zero_centered")
             self.k_norm = RMSNorm(head_dim, eps, zero_centered=qk_norm == "zero_centered")
@@ -76,12 +90,13 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
         n, d = x.shape[0], self.head_dim
-        q = self.q_proj(x).view(n, self.heads, -1)
+        q, k, v = self.fused(x)
+        q = q.view(n, self.heads, -1)
         gate = None
         if self.output_gate:
             q, gate = q[..., :d], q[..., d:]
-        k = self.k_proj(x).view(n, self.kv_heads, d)
-        v = self.v_proj(x).view(n, self.kv_heads, d)
+        k = k.view(n, self.kv_heads, d)
+        v = v.view(n, self.kv_heads, d)
         if self.qk_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:

@@ -15,6 +15,7 @@ from torch import nn
 from .batch import BatchContext, LevelClock, validate_rows
 from .cache import CacheLayout, ModelCache, RowInput
 from .chunk_plan import ScanCosts
+from .layers import fuse_projections
 
 _REQUIRED = object()
 
@@ -99,6 +100,9 @@ class CausalLM(nn.Module):
         validate_rows(rows, cache.block_size, cache.num_pages, cache.num_state_slots, self.is_hybrid)
         if not rows:
             return torch.empty(0, self.vocab_size, device=cache.device)
+        if not self.__dict__.get("_fused", False):  # once, after the weights are in (layers.FusedLinears)
+            fuse_projections(self)
+            self.__dict__["_fused"] = True
         batch = BatchContext(rows, cache.block_size, cache.device, clock, scan_costs)
         self.prepare(batch)
         h = self.embed(batch.token_ids)

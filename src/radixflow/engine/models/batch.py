@@ -217,6 +217,25 @@ class BatchContext:
             self.extras[key] = self._slots(r.page_table, pos)
         return self.extras[key]  # type: ignore[return-value]
 
+    def context_runs(self, i: int) -> list[tuple[int, int]]:
+        """Row i's context [0, start + len) as runs of consecutive flat cache slots, (first, end) each:
+        pages allocated one after another form one run, so attention reads the pool through a view
+        (one run) or a few slice copies, never a per-token gather."""
+        key = f"runs{i}"
+        if key not in self.extras:
+            r, bs = self.rows[i], self.block_size
+            n = r.start + self.lengths[i]
+            runs: list[tuple[int, int]] = []
+            for q in range(-(-n // bs)):
+                lo = r.page_table[q] * bs
+                hi = lo + min(bs, n - q * bs)
+                if runs and runs[-1][1] == lo:
+                    runs[-1] = (runs[-1][0], hi)
+                else:
+                    runs.append((lo, hi))
+            self.extras[key] = runs
+        return self.extras[key]  # type: ignore[return-value]
+
     def causal_mask(self, i: int) -> torch.Tensor | None:
         """Bool mask [len, start+len] for a row resuming at start > 0 (None when not needed)."""
         r, n = self.rows[i], self.lengths[i]

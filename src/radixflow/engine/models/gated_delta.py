@@ -83,7 +83,7 @@ def _intra_chunk(q, k, v, g, beta):
     a = (k_beta @ k.transpose(-1, -2)) * gamma
     decay_in = cum.exp()
     rhs = torch.cat((v * beta[..., None], k_beta * decay_in[..., None]), dim=-1)
-    sol = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
+    sol = _solve_unit_lower(a, rhs)
     u, w = sol[..., :v.shape[-1]], sol[..., v.shape[-1]:]
     qk = (q @ k.transpose(-1, -2)) * gamma
     q_dec = q * decay_in[..., None]
@@ -91,9 +91,28 @@ def _intra_chunk(q, k, v, g, beta):
     return u, w, qk, q_dec, k_dec, cum[..., -1].exp()
 
 
+def _solve_unit_lower(a: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """(I + A) X = rhs for the strictly lower A of `a`, batched over the chunks. On CPU with one thread:
+    torch runs the batch as one LAPACK trsm per 64 x 64 matrix, and a multi-threaded MKL starts its
+    threads for each of these tiny calls (docs/engine_speed.md: ~40x slower on 2 cores than on one)."""
+    threads = torch.get_num_threads()
+    if a.is_cuda or threads == 1:
+        return torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
+    torch.set_num_threads(1)
+    try:
+        return torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _scan_chunk(s, u, w, qk, q_dec, k_dec, decay):
-    """Apply one chunk to states s [R, H, dk, dv]: returns (outputs [R, H, C, dv], new states)."""
-    u = u - w @ s
-    o = q_dec @ s + qk @ u
-    s = s * decay[..., None, None] + k_dec.transpose(-1, -2) @ u
-    return o, s
+    """Apply one chunk to states s [R, H, dk, dv]: returns (outputs [R, H, C, dv], new states).
+
+    Five fused batched products over the R * H heads (baddbmm adds the product in the same pass),
+    as few separate kernels as the arithmetic allows: each is a parallel region the scan waits on."""
+    r, h, dk, dv = s.shape
+    s3 = s.reshape(r * h, dk, dv)
+    u = torch.baddbmm(u.flatten(0, 1), w.flatten(0, 1), s3, alpha=-1.0)          # U - W S
+    o = torch.baddbmm(torch.bmm(qk.flatten(0, 1), u), q_dec.flatten(0, 1), s3)    # Q_dec S + QK U
+    s_new = torch.baddbmm(s3 * decay.reshape(-1, 1, 1), k_dec.flatten(0, 1).transpose(1, 2), u)
+    return o.view(r, h, -1, dv), s_new.view(r, h, dk, dv)

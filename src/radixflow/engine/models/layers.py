@@ -93,6 +93,58 @@ class Rotary:
         return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
 
 
+class FusedLinears:
+    """Linears reading the same input, run as ONE matmul over their concatenated weight.
+
+    `fuse()` concatenates the weights once and re-points each Linear's parameters to views of the
+    result, so memory, the state dict and the checkpoint names stay as they were. A call checks that
+    every Linear still holds its view (a later `load_state_dict(assign=True)` replaces them) and runs
+    the Linears one by one otherwise. Returns one output per Linear (views of the fused output).
+    """
+
+    def __init__(self, *linears: nn.Linear) -> None:
+        self.linears = linears
+        self.sizes = [lin.out_features for lin in linears]
+        self.weight: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+        self._ptrs: list[int] = []
+
+    def _current(self) -> bool:
+        return self.weight is not None and [lin.weight.data_ptr() for lin in self.linears] == self._ptrs
+
+    def fuse(self) -> None:
+        if self._current():
+            return
+        lins = self.linears
+        has_bias = [lin.bias is not None for lin in lins]
+        if any(has_bias) and not all(has_bias):
+            return  # mixed bias: left unfused
+        with torch.inference_mode(False), torch.no_grad():
+            weight = torch.cat([lin.weight for lin in lins])
+            bias = torch.cat([lin.bias for lin in lins]) if all(has_bias) else None
+            off = 0
+            for lin, n in zip(lins, self.sizes):
+                lin.weight = nn.Parameter(weight[off:off + n], requires_grad=False)
+                if bias is not None:
+                    lin.bias = nn.Parameter(bias[off:off + n], requires_grad=False)
+                off += n
+        self.weight, self.bias = weight, bias
+        self._ptrs = [lin.weight.data_ptr() for lin in lins]
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if not self._current():
+            return [lin(x) for lin in self.linears]
+        return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))
+
+
+def fuse_projections(model: nn.Module) -> None:
+    """Fuse every module's same-input projections (modules with a `fused` FusedLinears); idempotent."""
+    for m in model.modules():
+        fused = m.__dict__.get("fused")
+        if isinstance(fused, FusedLinears):
+            fused.fuse()
+
+
 TOKEN_BLOCK = 2048
 
 
@@ -113,12 +165,14 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inter, bias=bias)
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
+        self.__dict__["fused"] = FusedLinears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return by_token_blocks(self._mlp, x)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.fused(x)
+        return self.down_proj(self.act_fn(gate) * up)
 
 
 class PlainMLP(nn.Module):

@@ -22,7 +22,7 @@ from .batch import BatchContext
 from .cache import CacheLayout, ModelCache, StateShape
 from .conv import causal_conv
 from .gated_delta import gated_delta_rule
-from .layers import GatedMLP, NormThenGate, RMSNorm, Rotary
+from .layers import FusedLinears, GatedMLP, NormThenGate, RMSNorm, Rotary
 
 LINEAR, FULL = "linear_attention", "full_attention"
 
@@ -111,6 +111,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.nv))
         self.norm = NormThenGate(self.dv, c.rms_norm_eps)
         self.out_proj = nn.Linear(self.nv * self.dv, c.hidden_size, bias=False)
+        self.__dict__["fused"] = FusedLinears(self.in_proj_qkv, self.in_proj_z)
 
     def state_shape(self) -> StateShape:
         conv_dim = self.conv1d.weight.shape[0]
@@ -118,7 +119,8 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
         n = x.shape[0]
-        mixed = causal_conv(self.in_proj_qkv(x), self.conv1d.weight, None, batch, cache, self.state_index,
+        qkv, z = self.fused(x)
+        mixed = causal_conv(qkv, self.conv1d.weight, None, batch, cache, self.state_index,
                             self.conv_act)
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
         q = _l2norm(q.reshape(n, self.nk, self.dk)) * self.dk ** -0.5
@@ -128,7 +130,7 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.in_proj_b(x).float())
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
         o = gated_delta_rule(q, k, v.reshape(n, self.nv, self.dv), g, beta, batch, cache, self.state_index)
-        o = self.norm(o.to(x.dtype), self.in_proj_z(x).view(n, self.nv, self.dv))
+        o = self.norm(o.to(x.dtype), z.view(n, self.nv, self.dv))
         return self.out_proj(o.reshape(n, -1))
 
 

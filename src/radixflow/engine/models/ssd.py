@@ -87,7 +87,10 @@ def _intra_chunk(xdt, decay, b, c):
 
 
 def _scan_chunk(s, y_intra, d_state, decay_in, decay_chunk, c):
-    """Apply one chunk to states s [R, G, Hg, P, S]: returns (outputs, new states)."""
-    y = y_intra + (c[:, :, None] @ s.transpose(-1, -2)) * decay_in[..., None]
-    s = s * decay_chunk[..., None, None] + d_state
-    return y, s
+    """Apply one chunk to states s [R, G, Hg, P, S]: returns (outputs, new states).
+
+    C S^T for all heads of a group in one product ([C, S] x [S, Hg * P]), no copy of C per head."""
+    r, g, hg, p, n = s.shape
+    cs = (c @ s.reshape(r, g, hg * p, n).transpose(-1, -2)).view(r, g, -1, hg, p).transpose(2, 3)
+    y = torch.addcmul(y_intra, cs, decay_in[..., None])
+    return y, torch.addcmul(d_state, s, decay_chunk[..., None, None])

@@ -1,0 +1,90 @@
+"""The engine's speed paths compute what the plain paths compute (docs/engine_speed.md).
+
+Fused projections (`layers.FusedLinears`): the same outputs as the separate Linears, the state dict
+unchanged, and a later `load_state_dict(assign=True)` honoured. Paged KV reads: a context on
+consecutive pages (a view), in a few runs (slice copies) or scattered (a gather) gives the same logits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixflow.engine.models import RowInput, build_model
+from radixflow.engine.models.layers import FusedLinears, fuse_projections
+from radixflow.engine.tiny import TINY_CONFIGS, random_weights
+
+BLOCK = 16
+
+
+def _model(name: str):
+    cfg = TINY_CONFIGS[name]
+    model = build_model(cfg)
+    model.load_state_dict(random_weights(cfg, 3))
+    return model.eval()
+
+
+def test_fused_projections_match_the_separate_linears_and_keep_the_state_dict():
+    torch.set_num_threads(1)
+    lins = [torch.nn.Linear(24, n, bias=True) for n in (40, 8, 8)]
+    x = torch.randn(5, 24)
+    with torch.no_grad():
+        want = [lin(x) for lin in lins]
+        before = [lin.weight.clone() for lin in lins]
+        fused = FusedLinears(*lins)
+        fused.fuse()
+        got = fused(x)
+    assert fused.weight is not None and fused.weight.shape == (56, 24)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want))
+    assert all(torch.equal(lin.weight, w) for lin, w in zip(lins, before))
+    assert lins[1].weight.data_ptr() == fused.weight[40:].data_ptr()  # views, not copies
+    # new weights assigned later: the stale fused weight is not used
+    lins[1].weight = torch.nn.Parameter(torch.zeros(8, 24))
+    with torch.no_grad():
+        assert torch.equal(fused(x)[1], lins[1].bias.expand(5, 8))
+
+
+def test_a_model_fuses_on_its_first_call_with_the_same_logits():
+    torch.set_num_threads(1)
+    model = _model("tiny-qwen3.5")
+    plain = build_model(TINY_CONFIGS["tiny-qwen3.5"])
+    plain.load_state_dict(model.state_dict())
+    plain.__dict__["_fused"] = True  # never fused: every Linear runs alone
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    out = []
+    for m in (model, plain):
+        cache = m.allocate_cache(4, BLOCK, 2)
+        out.append(m([RowInput(ids, 0, [0, 1, 2], None, [(40, 0)], list(range(40)))], cache))
+    assert sum(f.weight is not None for f in _fused(model)) > 0
+    assert all(f.weight is None for f in _fused(plain))
+    assert (out[0] - out[1]).abs().max() < 1e-4
+    fuse_projections(model)  # idempotent
+    assert set(model.state_dict()) == set(plain.state_dict())
+
+
+def _fused(model):
+    return [m.__dict__["fused"] for m in model.modules() if isinstance(m.__dict__.get("fused"), FusedLinears)]
+
+
+def test_context_read_as_a_view_runs_or_a_gather_gives_the_same_logits():
+    torch.set_num_threads(1)
+    model = _model("tiny-qwen3")
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.randint(0, 256, (8 * BLOCK,), generator=gen).tolist()
+    tail = torch.randint(0, 256, (20,), generator=gen).tolist()
+    need = -(-(len(prefix) + len(tail)) // BLOCK)  # 10 pages
+    layouts = {"consecutive": list(range(need)),                                  # one run: a view
+               "two runs": list(range(20, 28)) + list(range(40, 42)),               # slice copies
+               "scattered": [3 * p + 1 for p in range(need)]}                       # a per-token gather
+    logits = {}
+    for name, table in layouts.items():
+        cache = model.allocate_cache(64, BLOCK, 0)
+        model([RowInput(prefix, 0, table, None, [], [])], cache)
+        batch_rows = [RowInput(tail, len(prefix), table, None, [], list(range(len(tail))))]
+        logits[name] = model(batch_rows, cache)
+    from radixflow.engine.models.batch import BatchContext
+
+    runs = {name: len(BatchContext([RowInput(tail, len(prefix), t)], BLOCK, torch.device("cpu")).context_runs(0))
+            for name, t in layouts.items()}
+    assert runs == {"consecutive": 1, "two runs": 2, "scattered": need}
+    assert torch.equal(logits["consecutive"], logits["two runs"])
+    assert torch.equal(logits["consecutive"], logits["scattered"])
