@@ -310,21 +310,7 @@ class RoundRobinTail:
 
     def _cut_steps(self, view: TreeView, leaf):
         """The last chunk of `leaf`'s trajectory, one leaf at a time (hybrid: down to a state boundary)."""
-        target = max(0, view.depth(leaf) - self.chunk_pages * view.unit)
-        if view.hybrid:
-            target = _state_at_or_above(view, leaf, target)
-        node = leaf
-        while view.depth(node) > target and not view.is_root(node):
-            if view.has_children(node) or not view.evictable(node):
-                return
-            if view.start(node) >= target:
-                parent = view.parent(node)
-                yield node
-                node = parent
-                continue
-            view.split(node, target)  # `node` keeps the tail
-            yield node
-            return
+        yield from cut_to(view, leaf, max(0, view.depth(leaf) - self.chunk_pages * view.unit))
 
     @staticmethod
     def _deepest_droppable_snapshot(leaf: Node) -> Node | None:
@@ -373,6 +359,26 @@ def _trajectory_key(leaf: Node) -> tuple:
     while not node.parent.is_root and len(node.parent.children) == 1:
         node = node.parent
     return (node.namespace, node.start, node.key[: 8])
+
+
+def cut_to(view: TreeView, leaf, target: int):
+    """Victims that shorten `leaf`'s trajectory to `target` tokens (on a hybrid tree, to the deepest
+    state at or above it), one leaf at a time, splitting the last one; stops at a shared or locked
+    node."""
+    if view.hybrid:
+        target = _state_at_or_above(view, leaf, target)
+    node = leaf
+    while view.depth(node) > target and not view.is_root(node):
+        if view.has_children(node) or not view.evictable(node):
+            return
+        if view.start(node) >= target:
+            parent = view.parent(node)
+            yield node
+            node = parent
+            continue
+        view.split(node, target)  # `node` keeps the tail
+        yield node
+        return
 
 
 def _state_at_or_above(view: TreeView, leaf, depth: int) -> int:

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 
-from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail, _state_at_or_above
+from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail, cut_to
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 ACCESS, LEAF = "rf_access", "rf_leaf"  # keys of the FULL component data's metadata (see above)
@@ -511,7 +511,7 @@ class AdaptiveFullComponent(RadixflowFullComponent):
                 if not view.is_leaf(leaf) or not view.evictable(leaf):
                     continue
                 got = 0
-                for victim in _cut_to(view, leaf, level):
+                for victim in cut_to(view, leaf, level):
                     got += yield victim
                 freed += got
                 progressed |= got > 0
@@ -557,26 +557,6 @@ def sum_keys(node, top) -> int:
         node = node.parent
         total += len(node.key)
     return total
-
-
-def _cut_to(view: SGLangTreeView, leaf, target: int):
-    """Victims that shorten `leaf`'s trajectory to `target` tokens (on a hybrid tree, to the deepest
-    state at or above it), one leaf at a time, splitting the last one; stops at a shared or locked
-    node."""
-    if view.hybrid:
-        target = _state_at_or_above(view, leaf, target)
-    node = leaf
-    while view.depth(node) > target and not view.is_root(node):
-        if view.has_children(node) or not view.evictable(node):
-            return
-        if view.start(node) >= target:
-            parent = view.parent(node)
-            yield node
-            node = parent
-            continue
-        view.split(node, target)  # `node` keeps the tail
-        yield node
-        return
 
 
 def component_class(kind: str) -> type[RadixflowFullComponent]:
