@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from .models import build_model
-from .seeded import EOS_ID, PAD_ID, default_cache_dir
+from .seeded import EOS_ID, PAD_ID, build_once, default_cache_dir
 from .seeded import init_tensor as _init
 from .tokenizer import save_byte_tokenizer
 
@@ -102,19 +99,7 @@ def ensure_random_model(name: str, cache_dir: str | Path | None = None, seed: in
     key = name.removeprefix(PREFIX)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = root / (f"random-{key}" if seed == 0 else f"random-{key}-seed{seed}")
-    if (target / "model.safetensors.index.json").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-    try:
-        write_random_model(config, tmp, seed)
-        os.rename(tmp, target)
-    except OSError:
-        if not (target / "model.safetensors.index.json").is_file():  # not a lost race with another writer
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(target, "model.safetensors.index.json", lambda tmp: write_random_model(config, tmp, seed))
 
 
 def write_random_model(config: dict[str, Any], directory: Path, seed: int,

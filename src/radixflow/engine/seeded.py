@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -35,3 +38,22 @@ def init_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator, zero_ce
     if "embed" in name:
         return noise
     return noise / math.sqrt(shape[-1])   # fan-in scaling keeps activations O(1)
+
+
+def build_once(target: Path, marker: str, write: Callable[[Path], None]) -> Path:
+    """`target`, written by `write(tmp)` into a temporary sibling and renamed into place the first time
+    (atomically: a concurrent builder's rename wins, ours is dropped); `marker` is the file whose
+    presence means the directory is complete."""
+    if (target / marker).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write(tmp)
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / marker).is_file():  # not a lost race with another writer
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

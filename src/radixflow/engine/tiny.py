@@ -9,9 +9,6 @@ are chosen so a few hundred 300-2000-token prompts run in minutes on two CPU cor
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from .models import build_model
-from .seeded import EOS_ID, PAD_ID, default_cache_dir
+from .seeded import EOS_ID, PAD_ID, build_once, default_cache_dir
 from .seeded import init_tensor as _init
 from .tokenizer import save_byte_tokenizer
 
@@ -78,19 +75,7 @@ def ensure_tiny_model(name: str, cache_dir: str | Path | None = None, seed: int 
         raise ValueError(f"unknown tiny model {name!r}; choose one of {', '.join(TINY_MODELS)}")
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = root / (name if seed == 0 else f"{name}-seed{seed}")
-    if (target / "model.safetensors").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-    try:
-        write_tiny_model(name, tmp, seed)
-        os.rename(tmp, target)
-    except OSError:
-        if not (target / "model.safetensors").is_file():  # not a lost race with another writer
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(target, "model.safetensors", lambda tmp: write_tiny_model(name, tmp, seed))
 
 
 def write_tiny_model(name: str, directory: Path, seed: int) -> None:
