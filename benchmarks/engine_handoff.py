@@ -11,12 +11,14 @@ Figures are printed, never asserted; best of --repeat interleaved runs after a w
 
     python benchmarks/engine_handoff.py [--models tiny-qwen3.5 tiny-nemotron-h] [--doc 500] [--siblings 4]
 
-`--breakdown`: what one extra level costs, in parts, on a bench-like round (two 640-token producers
+`--breakdown`: what a hand-off costs, in parts, on a bench-like round (two 640-token producers
 capturing every 16 tokens, each with 5 dependents of 8-45 tokens; the engine's scan chunk): the hand-off
-forward against the same rows in one forward with the dependents at level 0 (resumed from snapshots,
-as the wait path runs them a round later), and the level's parts timed on their own: its scans (all
-recurrent layers), the conv-window gather, the page fork, and the host bookkeeping (levels, chunk plan,
-gather indices). Medians of --repeat interleaved runs.
+forward with the dependents folded into their producers' scan (engine/models/batch.py `FOLD`, the
+default) and in a separate level (`FOLD = False`, the pre-fold engine), each against the same rows in
+one forward with the dependents at level 0 (resumed from snapshots, as the wait path runs them a round
+later); the scan calls the fold adds and their price by the measured per-call cost; and the separate
+level's parts timed on their own: its scans (all recurrent layers), the conv-window gather, the page
+fork, and the host bookkeeping (levels, chunk plan, gather indices). Medians of --repeat interleaved runs.
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ def breakdown(name: str, repeat: int, device: str) -> None:
     import statistics
     import time
 
+    from radixflow.engine.models import batch as batch_mod
     from radixflow.engine.models.batch import BatchContext, LevelClock
 
     model = load_model(ensure_tiny_model(name), torch.device(device)).model
@@ -142,19 +145,32 @@ def breakdown(name: str, repeat: int, device: str) -> None:
     cache = model.allocate_cache(pages + 1, BLOCK, slots + 1, device=device)
     model(hand, cache, None, costs)  # warm-up; writes the producers' snapshots the level-0 rows resume from
     model(wait, cache, None, costs)
-    a, b, lev, base_h, base_w = [], [], [], [], []
-    for _ in range(repeat):
+    folded_mode = batch_mod.FOLD
+
+    def forward(rows, fold: bool) -> tuple[float, LevelClock]:
+        batch_mod.FOLD = fold
         clock = LevelClock(torch.device(device))
         t0 = time.perf_counter()
-        model(hand, cache, clock, costs)
-        a.append(time.perf_counter() - t0)
-        lev.append(clock.seconds)
-        base_h.append(clock.base)
-        clock = LevelClock(torch.device(device))
-        t0 = time.perf_counter()
-        model(wait, cache, clock, costs)
-        b.append(time.perf_counter() - t0)
-        base_w.append(clock.base)
+        model(rows, cache, clock, costs)
+        return time.perf_counter() - t0, clock
+
+    forward(hand, False)  # warm-up of the separate-level path
+    a, b, fo, lev, base_h, base_w, fold_calls, fold_price = [], [], [], [], [], [], 0, 0.0
+    try:
+        for _ in range(repeat):  # interleaved: folded, separate level, same rows at level 0
+            t, clock = forward(hand, True)
+            fo.append(t)
+            fold_calls, fold_price = clock.fold_calls, clock.fold_seconds
+            t, clock = forward(hand, False)
+            a.append(t)
+            lev.append(clock.seconds)
+            base_h.append(clock.base)
+            t, clock = forward(wait, False)
+            b.append(t)
+            base_w.append(clock.base)
+    finally:
+        batch_mod.FOLD = folded_mode
+    batch_mod.FOLD = False  # the separate level's parts below
     # the parts, timed alone
     layout = model.cache_layout()
     n_rec = len(layout.states)
@@ -193,9 +209,10 @@ def breakdown(name: str, repeat: int, device: str) -> None:
             for pool in kv:
                 pool.index_copy_(0, dst, pool.index_select(0, src))
 
-    ta, tb, tl = statistics.median(a), statistics.median(b), statistics.median(lev)
+    ta, tb, tl, tfo = statistics.median(a), statistics.median(b), statistics.median(lev), statistics.median(fo)
     tbook, tg = med(book), med(gather, 5 * repeat)
     tf = med(fork, 5 * repeat) if kv is not None else 0.0
+    batch_mod.FOLD = folded_mode
     deps = sum(r.after is not None for r in hand)
     # the marginal the bench reports (engine/calibration.py), checked here against a direct measurement:
     # level 1's rows priced at level 0 = level 0 with them (wait) less level 0 without them (hand-off)
@@ -208,7 +225,11 @@ def breakdown(name: str, repeat: int, device: str) -> None:
           f"(level 0 {statistics.median(base_w) * 1e3:.1f} vs {statistics.median(base_h) * 1e3:.1f} ms), "
           f"probe fit's price {price * 1e3:6.1f} ms; marginal measured {1e3 * (tl - direct):+6.1f} ms, "
           f"by the fit {1e3 * (tl - price):+6.1f} ms", flush=True)
-    print(f"{name:16s} chunk {costs.fixed}: hand-off forward {ta * 1e3:7.1f} ms | same rows, dependents at level 0 "
+    print(f"{name:16s} chunk {costs.fixed}: folded hand-off forward {tfo * 1e3:7.1f} ms | separate level "
+          f"{ta * 1e3:7.1f} ms | same rows, dependents at level 0 {tb * 1e3:7.1f} ms | folded vs level 0 "
+          f"{(tfo - tb) / tb:+.1%}, separate vs level 0 {(ta - tb) / tb:+.1%} | the fold adds {fold_calls} scan "
+          f"calls, priced {fold_price * 1e3:.2f} ms", flush=True)
+    print(f"{name:16s} separate level: hand-off forward {ta * 1e3:7.1f} ms | same rows, dependents at level 0 "
           f"{tb * 1e3:7.1f} ms | extra {1e3 * (ta - tb):+6.1f} ms ({(ta - tb) / ta:+.1%}) | level 1 ({deps} rows) "
           f"{tl * 1e3:6.1f} ms of which bookkeeping {tbook * 1e3:.2f} ms; conv gather {tg * 1e3:.3f} ms "
           f"({n_rec} layers), page fork {tf * 1e3:.3f} ms ({n_att} layers)", flush=True)
