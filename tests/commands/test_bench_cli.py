@@ -56,7 +56,9 @@ def test_bench_compares_handoff_modes_on_one_trace(tmp_path, model):
     assert off["handoff_rows"] == 0 and off["blocked_deferrals"] > 0
     # dependents of multi-token producers run folded into their scans (no level timed): only those of a
     # 1-token producer open a level, so the levels' time may be 0; the fold is priced per scan call
-    assert auto["handoff_rows"] > 0 and auto["max_levels"] == 2 and 0 <= auto["handoff_time"] < auto["host_time"]
+    # max_levels is the engine's count: 1 where every producer was a multi-token row (all folded)
+    assert auto["handoff_rows"] > 0 and auto["max_levels"] in (1, 2) and 0 <= auto["handoff_time"] < auto["host_time"]
+    assert (auto["max_levels"] == 2) == (auto["handoff_time"] > 0)
     assert 0 <= auto["handoff_fold_time"] < auto["host_time"] and auto["handoff_fold_calls"] >= 0
     assert auto["handoff_fold_share"] == pytest.approx(auto["handoff_fold_time"] / auto["host_time"])
     assert (auto["handoff_fold_time"] > 0) == (auto["handoff_fold_calls"] > 0)

@@ -258,7 +258,7 @@ def test_an_engine_calibrates_and_logs_its_levels(tmp_path, mode, fold, monkeypa
     assert all(p > 0 and m > 0 for p, m, *_ in taken)
     assert (cal.handoff_costs().fold_step is not None) == fold
     if fold:  # every producer here is a multi-token row: its dependents fold, no level runs
-        assert taken == [] and all(r.handoff_time == 0 for r in eng.scheduler.rounds)
+        assert taken == [] and all(r.handoff_time == 0 and r.levels == 1 for r in eng.scheduler.rounds)
         assert eng.executor.fold_time == pytest.approx(
             eng.executor.fold_calls * eng.executor.scan_costs.per_step[eng.executor.scan_costs.fixed])
     else:

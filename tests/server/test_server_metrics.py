@@ -101,8 +101,9 @@ def test_handoff_rows_levels_and_extra_level_time_are_reported():
         assert metric(samples, "radixflow_handoff_seconds_total") == 0
         assert metric(samples, "radixflow_handoff_fold_seconds_total") >= 0
         assert metric(samples, "radixflow_handoff_level0_seconds_total") >= 0  # the rows priced at level 0
-        assert metric(samples, "radixflow_round_levels_bucket", le="2.0") > metric(
-            samples, "radixflow_round_levels_bucket", le="1.0")
+        # levels are the engine's: the folded siblings open none, every round ran one level
+        assert metric(samples, "radixflow_round_levels_bucket", le="1.0") == metric(
+            samples, "radixflow_round_levels_count") >= 1
     finally:
         live.stop()
 

@@ -130,7 +130,8 @@ class EngineExecutor:
                     ones, r, n, _ = parts[k]
                     cal.record_level(ones, r, n, measured.get(k, 0.0))
             cal.observe_round(len(batch.fragments), batch.num_tokens, host - sum(measured.values()), host)
-        return ExecResult(host, samples, handoff_time=sum(measured.values()))
+        ran = max(_row_levels(batch), default=0) + 1 if getattr(self.model, "is_hybrid", False) else 1
+        return ExecResult(host, samples, handoff_time=sum(measured.values()), levels=ran)
 
     @staticmethod
     def _levels(batch: Batch) -> dict[int, tuple[int, int, int]]:
