@@ -19,6 +19,21 @@ one forward with the dependents at level 0 (resumed from snapshots, as the wait 
 later); the scan calls the fold adds and their price by the measured per-call cost; and the separate
 level's parts timed on their own: its scans (all recurrent layers), the conv-window gather, the page
 fork, and the host bookkeeping (levels, chunk plan, gather indices). Medians of --repeat interleaved runs.
+
+`--bench`: `radixflow bench`'s trace (--questions, the multi-candidate workload) through arms
+policy:handoff[:levels] cycled --repeat times in one process on one loaded model, so each sees the same
+load (`:levels` runs `FOLD = False`, the separate levels); prints each run, then per arm the medians of
+T_host, mean latency, the levels' and the fold's time, and each arm's T_host paired run by run with the
+first arm of its policy (`off`).
+
+    PYTHONPATH=src python benchmarks/engine_handoff.py --bench --models tiny-qwen3.5 --repeat 3
+
+`--replay`: the same trace run once under --policy with `--handoff auto`, recording every forward's
+rows; then each recorded forward is timed with the dependents folded and in separate levels, back to
+back (alternating which goes first), --repeat times: the forwards' total per mode (medians per
+forward), so scheduling and load drift cancel. Only forwards with a dependent are replayed.
+
+    PYTHONPATH=src python benchmarks/engine_handoff.py --replay --models tiny-qwen3.5 --repeat 5
 """
 
 from __future__ import annotations
@@ -235,6 +250,124 @@ def breakdown(name: str, repeat: int, device: str) -> None:
           f"({n_rec} layers), page fork {tf * 1e3:.3f} ms ({n_att} layers)", flush=True)
 
 
+def bench_arms(name: str, questions: int, repeat: int, arms: list[str]) -> None:
+    import statistics
+    from dataclasses import replace
+
+    from radixflow.cli import make_parser
+    from radixflow.commands import bench
+    from radixflow.commands.common import build_workloads
+    from radixflow.core.loop import run_trace
+    from radixflow.core.metrics import measure, merge
+    from radixflow.engine.engine import Engine, _dtype
+    from radixflow.engine.models import batch as batch_mod
+    from radixflow.engine.tiny import resolve_model
+    from radixflow.workloads.trace import fresh_copies
+
+    argv = ["bench", "--model", name, "--questions", str(questions)]
+    parser, _ = make_parser(argv)
+    bargs = parser.parse_args(argv)
+    pl = bench.plan(bargs)
+    cfg, base = pl.scheduler, pl.engine
+    loaded = load_model(resolve_model(name), torch.device("cpu"), _dtype(base.dtype))
+    workloads = build_workloads(bargs, name, vocab=min(loaded.model.vocab_size, 32000))
+    folded_mode = batch_mod.FOLD
+    seen: dict[str, list] = {a: [] for a in arms}
+    for cycle in range(repeat):
+        for arm in arms:
+            policy, mode, *rest = arm.split(":")
+            batch_mod.FOLD = not rest
+            try:
+                parts, fold = [], 0.0
+                for _, brs in workloads:
+                    eng = Engine(replace(base, policy=policy, scheduler=replace(cfg, handoff=mode)), loaded=loaded)
+                    parts.append(measure(policy, run_trace(eng.scheduler, eng.executor, fresh_copies(brs))))
+                    fold += eng.executor.fold_time
+            finally:
+                batch_mod.FOLD = folded_mode
+            r = merge(policy, parts)
+            seen[arm].append((r, fold))
+            print(f"  cycle {cycle + 1} {arm:22s} rounds {r.rounds:3d} T_host {r.host_time:6.2f} s latency "
+                  f"{r.latency_mean:.3f} s levels {r.handoff_time:.3f} s fold {1e3 * fold:.1f} ms "
+                  f"dependents {r.handoff_rows}", flush=True)
+    for arm in arms:
+        runs = seen[arm]
+        ref = seen.get(f"{arm.split(':')[0]}:off", runs)
+        paired = sorted(r.host_time / o.host_time for (r, _), (o, _) in zip(runs, ref))
+        print(f"{name:16s} {arm:22s} median T_host {statistics.median(r.host_time for r, _ in runs):6.2f} s, vs "
+              f"off paired x{statistics.median(paired):.3f} (runs {', '.join(f'{x:.3f}' for x in paired)}); "
+              f"latency {statistics.median(r.latency_mean for r, _ in runs):.3f} s; levels "
+              f"{statistics.median(r.handoff_time / r.host_time for r, _ in runs):.2%}, fold "
+              f"{statistics.median(f / r.host_time for r, f in runs):.2%} of T_host; rounds "
+              f"{statistics.median(r.rounds for r, _ in runs)}", flush=True)
+
+
+def replay(name: str, questions: int, repeat: int, policy: str) -> None:
+    import statistics
+    import time
+    from dataclasses import replace
+
+    from radixflow.cli import make_parser
+    from radixflow.commands import bench
+    from radixflow.commands.common import build_workloads
+    from radixflow.core.loop import run_trace
+    from radixflow.engine.engine import Engine, _dtype
+    from radixflow.engine.models import batch as batch_mod
+    from radixflow.engine.models.batch import LevelClock
+    from radixflow.engine.tiny import resolve_model
+    from radixflow.workloads.trace import fresh_copies
+
+    argv = ["bench", "--model", name, "--questions", str(questions)]
+    parser, _ = make_parser(argv)
+    bargs = parser.parse_args(argv)
+    pl = bench.plan(bargs)
+    cfg, base = pl.scheduler, pl.engine
+    loaded = load_model(resolve_model(name), torch.device("cpu"), _dtype(base.dtype))
+    model = loaded.model
+    workloads = build_workloads(bargs, name, vocab=min(model.vocab_size, 32000))
+    calls: list = []  # (engine, rows, scan costs) of each forward with a dependent
+    forward = model.forward
+    engines = []
+
+    def record(rows, cache, clock=None, costs=None):
+        if any(r.after is not None for r in rows):
+            calls.append((cache, list(rows), costs))
+        return forward(rows, cache, clock, costs)
+
+    model.forward = record
+    try:
+        for _, brs in workloads:
+            eng = Engine(replace(base, policy=policy, scheduler=replace(cfg, handoff="auto")), loaded=loaded)
+            engines.append(eng)  # keeps its cache alive for the replay
+            run_trace(eng.scheduler, eng.executor, fresh_copies(brs))
+    finally:
+        del model.forward
+    folded_mode = batch_mod.FOLD
+    times: dict[bool, list[list[float]]] = {True: [[] for _ in calls], False: [[] for _ in calls]}
+    fold_calls = 0
+    try:
+        for rep in range(repeat):
+            for i, (cache, rows, costs) in enumerate(calls):
+                for fold in ((True, False) if (rep + i) % 2 else (False, True)):
+                    batch_mod.FOLD = fold
+                    clock = LevelClock(torch.device("cpu"))
+                    t0 = time.perf_counter()
+                    model(rows, cache, clock, costs)
+                    times[fold][i].append(time.perf_counter() - t0)
+                    if fold and rep == 0:
+                        fold_calls += clock.fold_calls
+    finally:
+        batch_mod.FOLD = folded_mode
+    tf = sum(statistics.median(t) for t in times[True])
+    tl = sum(statistics.median(t) for t in times[False])
+    per = sorted(statistics.median(a) / statistics.median(b) for a, b in zip(times[True], times[False]))
+    deps = sum(r.after is not None for _, rows, _ in calls for r in rows)
+    print(f"{name:16s} {policy} auto: {len(calls)} forwards with {deps} dependents replayed x{repeat}: folded "
+          f"{tf:6.3f} s vs separate levels {tl:6.3f} s (x{tf / tl:.3f}; per forward median x"
+          f"{per[len(per) // 2]:.3f}, range {per[0]:.3f}-{per[-1]:.3f}); the fold added {fold_calls} scan calls",
+          flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(HYBRIDS), choices=HYBRIDS)
@@ -245,6 +378,13 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)")
     ap.add_argument("--breakdown", action="store_true", help="an extra level's cost, in parts (see above)")
+    ap.add_argument("--bench", action="store_true", help="bench's trace, arms cycled in one process (see above)")
+    ap.add_argument("--replay", action="store_true", help="bench's forwards replayed folded / in levels")
+    ap.add_argument("--policy", default="radixflow", help="--replay: the policy whose forwards are replayed")
+    ap.add_argument("--questions", type=int, default=32, help="--bench: questions of the trace")
+    ap.add_argument("--arms", nargs="+", default=["radix:off", "radix:auto", "radix:auto:levels", "radixflow:off",
+                                                  "radixflow:auto", "radixflow:auto:levels"],
+                    help="--bench: policy:handoff[:levels] arms (levels: FOLD = False)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.siblings < 2:
@@ -253,7 +393,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load:.1f}, "
           f"device {args.device}; doc {args.doc}, {args.siblings} candidates x {args.tail} tokens")
     for name in args.models:
-        if args.breakdown:
+        if args.replay:
+            replay(name, args.questions, args.repeat, args.policy)
+        elif args.bench:
+            bench_arms(name, args.questions, args.repeat, args.arms)
+        elif args.breakdown:
             breakdown(name, args.repeat, args.device)
         else:
             bench_model(name, args.doc, args.siblings, args.tail, args.repeat, args.device)
