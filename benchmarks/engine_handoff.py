@@ -334,6 +334,7 @@ def replay(name: str, questions: int, repeat: int, policy: str) -> None:
             calls.append((cache, list(rows), costs))
         return forward(rows, cache, clock, costs)
 
+    calibration(model, cfg.block_size)  # the probe's forwards run now, unrecorded
     model.forward = record
     try:
         for _, brs in workloads:
