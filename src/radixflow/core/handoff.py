@@ -3,7 +3,8 @@ producer computes runs in that forward as a dependent row, reading the producer'
 
 This module holds the round's producers (`Forward`: which row each branch is, at which level of the
 forward) and the `auto` rule (`choose`). The scheduler's readiness check decides where a hand-off is
-possible (core/readiness.py); the engine runs each recurrent layer level by level.
+possible (core/readiness.py); the engine folds a multi-token producer's dependents into its
+producer's recurrent scan and runs only a 1-token producer's dependents in a level of their own.
 
 A row's level: 0 when it reads only published state, its producer's level + 1 for a dependent;
 `--handoff-max-levels L` allows levels 0 .. L-1 in one forward (L = 1 is no hand-off: §9's bound's
