@@ -338,6 +338,9 @@ def _probe_scans(model, repeat: int = 3) -> ScanCosts | None:
                     best = min(best, time.perf_counter() - t0)
                 samples.append((plan.num_slots, len(plan.steps), best))
             k, s = nnls([(a, b) for a, b, _ in samples], [t for *_, t in samples])
+            if s <= 0:  # a noisy fit put all the time on slots; a step call is never free: the cheapest
+                # measured time per step (a step with its chunk's slots, an over-estimate) bounds it
+                s = min(t / steps for _, steps, t in samples)
             per_slot[chunk] = per_slot.get(chunk, 0.0) + count * k
             per_step[chunk] = per_step.get(chunk, 0.0) + count * s
     return ScanCosts(per_slot, per_step)
