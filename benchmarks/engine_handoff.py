@@ -11,12 +11,29 @@ Figures are printed, never asserted; best of --repeat interleaved runs after a w
 
     python benchmarks/engine_handoff.py [--models tiny-qwen3.5 tiny-nemotron-h] [--doc 500] [--siblings 4]
 
-`--breakdown`: what one extra level costs, in parts, on a bench-like round (two 640-token producers
+`--breakdown`: what a hand-off costs, in parts, on a bench-like round (two 640-token producers
 capturing every 16 tokens, each with 5 dependents of 8-45 tokens; the engine's scan chunk): the hand-off
-forward against the same rows in one forward with the dependents at level 0 (resumed from snapshots,
-as the wait path runs them a round later), and the level's parts timed on their own: its scans (all
-recurrent layers), the conv-window gather, the page fork, and the host bookkeeping (levels, chunk plan,
-gather indices). Medians of --repeat interleaved runs.
+forward with the dependents folded into their producers' scan (engine/models/batch.py `FOLD`, the
+default) and in a separate level (`FOLD = False`, the pre-fold engine), each against the same rows in
+one forward with the dependents at level 0 (resumed from snapshots, as the wait path runs them a round
+later); the scan calls the fold adds and their price by the measured per-call cost; and the separate
+level's parts timed on their own: its scans (all recurrent layers), the conv-window gather, the page
+fork, and the host bookkeeping (levels, chunk plan, gather indices). Medians of --repeat interleaved runs.
+
+`--bench`: `radixflow bench`'s trace (--questions, the multi-candidate workload) through arms
+policy:handoff[:levels] cycled --repeat times in one process on one loaded model, so each sees the same
+load (`:levels` runs `FOLD = False`, the separate levels); prints each run, then per arm the medians of
+T_host, mean latency, the levels' and the fold's time, and each arm's T_host paired run by run with the
+first arm of its policy (`off`).
+
+    PYTHONPATH=src python benchmarks/engine_handoff.py --bench --models tiny-qwen3.5 --repeat 3
+
+`--replay`: the same trace run once under --policy with `--handoff auto`, recording every forward's
+rows; then each recorded forward is timed with the dependents folded and in separate levels, back to
+back (alternating which goes first), --repeat times: the forwards' total per mode (medians per
+forward), so scheduling and load drift cancel. Only forwards with a dependent are replayed.
+
+    PYTHONPATH=src python benchmarks/engine_handoff.py --replay --models tiny-qwen3.5 --repeat 5
 """
 
 from __future__ import annotations
@@ -133,6 +150,7 @@ def breakdown(name: str, repeat: int, device: str) -> None:
     import statistics
     import time
 
+    from radixflow.engine.models import batch as batch_mod
     from radixflow.engine.models.batch import BatchContext, LevelClock
 
     model = load_model(ensure_tiny_model(name), torch.device(device)).model
@@ -142,19 +160,32 @@ def breakdown(name: str, repeat: int, device: str) -> None:
     cache = model.allocate_cache(pages + 1, BLOCK, slots + 1, device=device)
     model(hand, cache, None, costs)  # warm-up; writes the producers' snapshots the level-0 rows resume from
     model(wait, cache, None, costs)
-    a, b, lev, base_h, base_w = [], [], [], [], []
-    for _ in range(repeat):
+    folded_mode = batch_mod.FOLD
+
+    def forward(rows, fold: bool) -> tuple[float, LevelClock]:
+        batch_mod.FOLD = fold
         clock = LevelClock(torch.device(device))
         t0 = time.perf_counter()
-        model(hand, cache, clock, costs)
-        a.append(time.perf_counter() - t0)
-        lev.append(clock.seconds)
-        base_h.append(clock.base)
-        clock = LevelClock(torch.device(device))
-        t0 = time.perf_counter()
-        model(wait, cache, clock, costs)
-        b.append(time.perf_counter() - t0)
-        base_w.append(clock.base)
+        model(rows, cache, clock, costs)
+        return time.perf_counter() - t0, clock
+
+    forward(hand, False)  # warm-up of the separate-level path
+    a, b, fo, lev, base_h, base_w, fold_calls, fold_price = [], [], [], [], [], [], 0, 0.0
+    try:
+        for _ in range(repeat):  # interleaved: folded, separate level, same rows at level 0
+            t, clock = forward(hand, True)
+            fo.append(t)
+            fold_calls, fold_price = clock.fold_calls, clock.fold_seconds
+            t, clock = forward(hand, False)
+            a.append(t)
+            lev.append(clock.seconds)
+            base_h.append(clock.base)
+            t, clock = forward(wait, False)
+            b.append(t)
+            base_w.append(clock.base)
+    finally:
+        batch_mod.FOLD = folded_mode
+    batch_mod.FOLD = False  # the separate level's parts below
     # the parts, timed alone
     layout = model.cache_layout()
     n_rec = len(layout.states)
@@ -193,9 +224,10 @@ def breakdown(name: str, repeat: int, device: str) -> None:
             for pool in kv:
                 pool.index_copy_(0, dst, pool.index_select(0, src))
 
-    ta, tb, tl = statistics.median(a), statistics.median(b), statistics.median(lev)
+    ta, tb, tl, tfo = statistics.median(a), statistics.median(b), statistics.median(lev), statistics.median(fo)
     tbook, tg = med(book), med(gather, 5 * repeat)
     tf = med(fork, 5 * repeat) if kv is not None else 0.0
+    batch_mod.FOLD = folded_mode
     deps = sum(r.after is not None for r in hand)
     # the marginal the bench reports (engine/calibration.py), checked here against a direct measurement:
     # level 1's rows priced at level 0 = level 0 with them (wait) less level 0 without them (hand-off)
@@ -208,10 +240,133 @@ def breakdown(name: str, repeat: int, device: str) -> None:
           f"(level 0 {statistics.median(base_w) * 1e3:.1f} vs {statistics.median(base_h) * 1e3:.1f} ms), "
           f"probe fit's price {price * 1e3:6.1f} ms; marginal measured {1e3 * (tl - direct):+6.1f} ms, "
           f"by the fit {1e3 * (tl - price):+6.1f} ms", flush=True)
-    print(f"{name:16s} chunk {costs.fixed}: hand-off forward {ta * 1e3:7.1f} ms | same rows, dependents at level 0 "
+    print(f"{name:16s} chunk {costs.fixed}: folded hand-off forward {tfo * 1e3:7.1f} ms | separate level "
+          f"{ta * 1e3:7.1f} ms | same rows, dependents at level 0 {tb * 1e3:7.1f} ms | folded vs level 0 "
+          f"{(tfo - tb) / tb:+.1%}, separate vs level 0 {(ta - tb) / tb:+.1%} | the fold adds {fold_calls} scan "
+          f"calls, priced {fold_price * 1e3:.2f} ms", flush=True)
+    print(f"{name:16s} separate level: hand-off forward {ta * 1e3:7.1f} ms | same rows, dependents at level 0 "
           f"{tb * 1e3:7.1f} ms | extra {1e3 * (ta - tb):+6.1f} ms ({(ta - tb) / ta:+.1%}) | level 1 ({deps} rows) "
           f"{tl * 1e3:6.1f} ms of which bookkeeping {tbook * 1e3:.2f} ms; conv gather {tg * 1e3:.3f} ms "
           f"({n_rec} layers), page fork {tf * 1e3:.3f} ms ({n_att} layers)", flush=True)
+
+
+def bench_arms(name: str, questions: int, repeat: int, arms: list[str]) -> None:
+    import statistics
+    from dataclasses import replace
+
+    from radixflow.cli import make_parser
+    from radixflow.commands import bench
+    from radixflow.commands.common import build_workloads
+    from radixflow.core.loop import run_trace
+    from radixflow.core.metrics import measure, merge
+    from radixflow.engine.engine import Engine, _dtype
+    from radixflow.engine.models import batch as batch_mod
+    from radixflow.engine.tiny import resolve_model
+    from radixflow.workloads.trace import fresh_copies
+
+    argv = ["bench", "--model", name, "--questions", str(questions)]
+    parser, _ = make_parser(argv)
+    bargs = parser.parse_args(argv)
+    pl = bench.plan(bargs)
+    cfg, base = pl.scheduler, pl.engine
+    loaded = load_model(resolve_model(name), torch.device("cpu"), _dtype(base.dtype))
+    workloads = build_workloads(bargs, name, vocab=min(loaded.model.vocab_size, 32000))
+    folded_mode = batch_mod.FOLD
+    seen: dict[str, list] = {a: [] for a in arms}
+    for cycle in range(repeat):
+        for arm in arms:
+            policy, mode, *rest = arm.split(":")
+            batch_mod.FOLD = not rest
+            try:
+                parts, fold = [], 0.0
+                for _, brs in workloads:
+                    eng = Engine(replace(base, policy=policy, scheduler=replace(cfg, handoff=mode)), loaded=loaded)
+                    parts.append(measure(policy, run_trace(eng.scheduler, eng.executor, fresh_copies(brs))))
+                    fold += eng.executor.fold_time
+            finally:
+                batch_mod.FOLD = folded_mode
+            r = merge(policy, parts)
+            seen[arm].append((r, fold))
+            print(f"  cycle {cycle + 1} {arm:22s} rounds {r.rounds:3d} T_host {r.host_time:6.2f} s latency "
+                  f"{r.latency_mean:.3f} s levels {r.handoff_time:.3f} s fold {1e3 * fold:.1f} ms "
+                  f"dependents {r.handoff_rows}", flush=True)
+    for arm in arms:
+        runs = seen[arm]
+        ref = seen.get(f"{arm.split(':')[0]}:off", runs)
+        paired = sorted(r.host_time / o.host_time for (r, _), (o, _) in zip(runs, ref))
+        print(f"{name:16s} {arm:22s} median T_host {statistics.median(r.host_time for r, _ in runs):6.2f} s, vs "
+              f"off paired x{statistics.median(paired):.3f} (runs {', '.join(f'{x:.3f}' for x in paired)}); "
+              f"latency {statistics.median(r.latency_mean for r, _ in runs):.3f} s; levels "
+              f"{statistics.median(r.handoff_time / r.host_time for r, _ in runs):.2%}, fold "
+              f"{statistics.median(f / r.host_time for r, f in runs):.2%} of T_host; rounds "
+              f"{statistics.median(r.rounds for r, _ in runs)}", flush=True)
+
+
+def replay(name: str, questions: int, repeat: int, policy: str) -> None:
+    import statistics
+    import time
+    from dataclasses import replace
+
+    from radixflow.cli import make_parser
+    from radixflow.commands import bench
+    from radixflow.commands.common import build_workloads
+    from radixflow.core.loop import run_trace
+    from radixflow.engine.engine import Engine, _dtype
+    from radixflow.engine.models import batch as batch_mod
+    from radixflow.engine.models.batch import LevelClock
+    from radixflow.engine.tiny import resolve_model
+    from radixflow.workloads.trace import fresh_copies
+
+    argv = ["bench", "--model", name, "--questions", str(questions)]
+    parser, _ = make_parser(argv)
+    bargs = parser.parse_args(argv)
+    pl = bench.plan(bargs)
+    cfg, base = pl.scheduler, pl.engine
+    loaded = load_model(resolve_model(name), torch.device("cpu"), _dtype(base.dtype))
+    model = loaded.model
+    workloads = build_workloads(bargs, name, vocab=min(model.vocab_size, 32000))
+    calls: list = []  # (engine, rows, scan costs) of each forward with a dependent
+    forward = model.forward
+    engines = []
+
+    def record(rows, cache, clock=None, costs=None):
+        if any(r.after is not None for r in rows):
+            calls.append((cache, list(rows), costs))
+        return forward(rows, cache, clock, costs)
+
+    calibration(model, cfg.block_size)  # the probe's forwards run now, unrecorded
+    model.forward = record
+    try:
+        for _, brs in workloads:
+            eng = Engine(replace(base, policy=policy, scheduler=replace(cfg, handoff="auto")), loaded=loaded)
+            engines.append(eng)  # keeps its cache alive for the replay
+            run_trace(eng.scheduler, eng.executor, fresh_copies(brs))
+    finally:
+        del model.forward
+    folded_mode = batch_mod.FOLD
+    times: dict[bool, list[list[float]]] = {True: [[] for _ in calls], False: [[] for _ in calls]}
+    fold_calls = 0
+    try:
+        for rep in range(repeat):
+            for i, (cache, rows, costs) in enumerate(calls):
+                for fold in ((True, False) if (rep + i) % 2 else (False, True)):
+                    batch_mod.FOLD = fold
+                    clock = LevelClock(torch.device("cpu"))
+                    t0 = time.perf_counter()
+                    model(rows, cache, clock, costs)
+                    times[fold][i].append(time.perf_counter() - t0)
+                    if fold and rep == 0:
+                        fold_calls += clock.fold_calls
+    finally:
+        batch_mod.FOLD = folded_mode
+    tf = sum(statistics.median(t) for t in times[True])
+    tl = sum(statistics.median(t) for t in times[False])
+    per = sorted(statistics.median(a) / statistics.median(b) for a, b in zip(times[True], times[False]))
+    deps = sum(r.after is not None for _, rows, _ in calls for r in rows)
+    print(f"{name:16s} {policy} auto: {len(calls)} forwards with {deps} dependents replayed x{repeat}: folded "
+          f"{tf:6.3f} s vs separate levels {tl:6.3f} s (x{tf / tl:.3f}; per forward median x"
+          f"{per[len(per) // 2]:.3f}, range {per[0]:.3f}-{per[-1]:.3f}); the fold added {fold_calls} scan calls",
+          flush=True)
 
 
 def main() -> None:
@@ -224,6 +379,13 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)")
     ap.add_argument("--breakdown", action="store_true", help="an extra level's cost, in parts (see above)")
+    ap.add_argument("--bench", action="store_true", help="bench's trace, arms cycled in one process (see above)")
+    ap.add_argument("--replay", action="store_true", help="bench's forwards replayed folded / in levels")
+    ap.add_argument("--policy", default="radixflow", help="--replay: the policy whose forwards are replayed")
+    ap.add_argument("--questions", type=int, default=32, help="--bench: questions of the trace")
+    ap.add_argument("--arms", nargs="+", default=["radix:off", "radix:auto", "radix:auto:levels", "radixflow:off",
+                                                  "radixflow:auto", "radixflow:auto:levels"],
+                    help="--bench: policy:handoff[:levels] arms (levels: FOLD = False)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.siblings < 2:
@@ -232,7 +394,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load:.1f}, "
           f"device {args.device}; doc {args.doc}, {args.siblings} candidates x {args.tail} tokens")
     for name in args.models:
-        if args.breakdown:
+        if args.replay:
+            replay(name, args.questions, args.repeat, args.policy)
+        elif args.bench:
+            bench_arms(name, args.questions, args.repeat, args.arms)
+        elif args.breakdown:
             breakdown(name, args.repeat, args.device)
         else:
             bench_model(name, args.doc, args.siblings, args.tail, args.repeat, args.device)

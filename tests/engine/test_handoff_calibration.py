@@ -90,6 +90,46 @@ def test_a_measured_level_dearer_than_a_rounds_gain_makes_auto_wait():
     assert choose(cheap, new_level=True, gap=1000, next_sure=True) == HANDOFF
 
 
+def test_a_folded_handoff_is_priced_by_the_scan_calls_it_adds():
+    """Folding (`fold_step`): a dependent of a multi-token producer opens no level, it costs the scan
+    calls it runs past its producer's row, each at the measured per-call cost. The same dear level that
+    makes `auto` wait for a 1-token producer's dependent does not count for a folded one."""
+    from dataclasses import replace
+
+    from radixflow.core.handoff import RECOMPUTE, fold_calls
+
+    dear = replace(_calibrated(0.5).handoff_costs(), fold_step=0.0001, fold_chunk=16)
+    # producer of 160 tokens, d 100 tokens in: its row runs 60 more (4 chunks)
+    assert fold_calls(16, 160, 100, 40) == 0 and fold_calls(16, 160, 100, 100) == 3
+    assert choose(dear, True, 1000, True, fold=(160, 100, 40)) == HANDOFF           # costs 0
+    assert choose(dear, True, 1000, True, fold=(1, 1, 40)) == WAIT                  # a decode producer: a level
+    # 3 calls at 20 ms each (60 ms) against a 40 ms round of waiting and a 0.1 ms x 2-token recompute
+    slow = replace(dear, fold_step=0.02)
+    assert choose(slow, False, 2, True, fold=(160, 100, 100)) == RECOMPUTE
+    assert choose(slow, False, 10000, True, fold=(160, 100, 100)) == WAIT
+    assert choose(replace(dear, fold_step=None), True, 1000, True, fold=(160, 100, 40)) == WAIT  # no folding
+
+
+def test_fold_calls_is_the_plans():
+    """`fold_calls` (what `auto` prices) equals the calls a plan of one producer and one folded
+    dependent adds, and a plan without folded rows adds none."""
+    from radixflow.core.handoff import fold_calls
+
+    rng = random.Random(1)
+    for _ in range(300):
+        chunk = rng.choice([8, 16, 64])
+        p = rng.randint(2, 300)
+        k, n = rng.randint(1, p), rng.randint(1, 120)
+        rows = [(0, 0, p, []), (1, p, n, [])]
+        plan = build_chunk_plan(rows, chunk, p + n, torch.device("cpu"), {0: [(k, 1)]}, {1: 0})
+        assert plan.fold_calls == fold_calls(chunk, p, k, n), (chunk, p, k, n)
+        assert plan.base_calls == -(-k // chunk) + -(-(p - k) // chunk)
+        assert len(plan.folds) == 1
+    rows, hands = _random_rows(random.Random(2))
+    plain = build_chunk_plan(rows, 16, rows[-1][1] + rows[-1][2], torch.device("cpu"), hands)
+    assert plain.fold_calls == 0 and not plain.folds and all(lo == 0 for _, lo, _ in plain.steps)
+
+
 class _Source:
     def __init__(self, cal: HandoffCalibration) -> None:
         self.cal, self.calls = cal, 0
@@ -188,12 +228,19 @@ def test_levels_run_at_a_smaller_chunk_are_as_accurate(tiny, chunk):
     assert got <= max(1.5 * base, floor), (got, base, floor)
 
 
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "levels"])
 @pytest.mark.parametrize("mode", ["on", "auto"])
-def test_an_engine_calibrates_and_logs_its_levels(tmp_path, mode):
+def test_an_engine_calibrates_and_logs_its_levels(tmp_path, mode, fold, monkeypatch):
     """An engine handing off starts from its probe (costs before the first round), predicts each level
-    it runs and records the measured time beside the prediction; with `auto` its scheduler reads them."""
+    it runs and records the measured time beside the prediction; with `auto` its scheduler reads them.
+    Folded (the default), the siblings of a multi-token producer open no level: nothing is logged as a
+    level, and what they add to the producer's scan is priced (`fold_time`); `batch.FOLD = False`
+    gives the separate levels back."""
     from radixflow.core.branch import Branch
     from radixflow.core.loop import run_trace
+    from radixflow.engine.models import batch as batch_mod
+
+    monkeypatch.setattr(batch_mod, "FOLD", fold)
 
     path = ensure_tiny_model("tiny-qwen3.5", cache_dir=tmp_path)
     cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, block_size=16, state_interval=16,
@@ -208,10 +255,17 @@ def test_an_engine_calibrates_and_logs_its_levels(tmp_path, mode):
     run_trace(eng.scheduler, eng.executor, branches)
     assert all(b.output for b in branches)
     taken = cal.log[before:]
-    assert len(taken) == sum(r.levels - 1 for r in eng.scheduler.rounds)
     assert all(p > 0 and m > 0 for p, m, *_ in taken)
-    if mode == "on":  # hands off wherever it can: here the 3 siblings, in one level
-        assert eng.scheduler.handoff_choices[HANDOFF] == 3 and len(taken) == 1
+    assert (cal.handoff_costs().fold_step is not None) == fold
+    if fold:  # every producer here is a multi-token row: its dependents fold, no level runs
+        assert taken == [] and all(r.handoff_time == 0 and r.levels == 1 for r in eng.scheduler.rounds)
+        assert eng.executor.fold_time == pytest.approx(
+            eng.executor.fold_calls * eng.executor.scan_costs.per_step[eng.executor.scan_costs.fixed])
+    else:
+        assert len(taken) == sum(r.levels - 1 for r in eng.scheduler.rounds)
+        assert eng.executor.fold_calls == 0 and eng.executor.fold_time == 0
+    if mode == "on":  # hands off wherever it can: here the 3 siblings (in one level when not folded)
+        assert eng.scheduler.handoff_choices[HANDOFF] == 3 and len(taken) == (0 if fold else 1)
 
 
 def test_an_off_engine_keeps_no_calibration(tmp_path):

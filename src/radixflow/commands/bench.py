@@ -61,15 +61,17 @@ def _handoff_modes(text: str) -> tuple[str, ...]:
     return modes
 
 
-def _handoff_info(mode: str, choices: dict, log: list, cal, levels_log: list = ()) -> dict | None:
+def _handoff_info(mode: str, choices: dict, log: list, cal, levels_log: list = (),
+                  fold: tuple[int, float] = (0, 0.0)) -> dict | None:
     """What the hand-off rule chose in one run, how the engine's calibrated cost model predicted the
-    levels it took, and their cost gross and marginal (engine/calibration.py); None for `off`."""
+    levels it took, their cost gross and marginal (engine/calibration.py), and what the folded
+    dependents added to their producers' scans (`fold`: scan calls, seconds); None for `off`."""
     if mode == "off":
         return None
     from radixflow.engine.calibration import HandoffCalibration, levels_cost
 
     info: dict = {"choices": choices, "levels": HandoffCalibration(log=log).summary(),
-                  "cost": levels_cost(list(levels_log))}
+                  "cost": levels_cost(list(levels_log)), "fold_calls": fold[0], "fold_time": fold[1]}
     for k in ("round", "token", "row", "level", "level_row", "level_token", "level_longest_token"):
         info["levels"].pop(k, None)
     info["levels"].pop("probe_seconds", None)
@@ -151,6 +153,7 @@ def run(args) -> int:
             log: list = []
             levels_log: list = []  # (measured, level-0 equivalent) of every extra level
             cal = None
+            fold_calls, fold_time = 0, 0.0  # what folded dependents added to their producers' scans
             for _, brs in workloads:
                 eng = Engine(replace(base, policy=arm, scheduler=replace(cfg, handoff=mode)), loaded=loaded)
                 used = eng.scheduler_config
@@ -163,11 +166,13 @@ def run(args) -> int:
                 first.update({b.key: b.output[0] for b in copies if b.output})
                 for k, v in eng.scheduler.handoff_choices.items():
                     choices[k] += v
+                fold_calls += eng.executor.fold_calls
+                fold_time += eng.executor.fold_time
                 if cal is not None:
                     log += cal.log[since:]
                     levels_log += cal.levels_log[since_levels:]
             results.append(merge(label, parts))
-            handoff_info.append(_handoff_info(mode, choices, log, cal, levels_log))
+            handoff_info.append(_handoff_info(mode, choices, log, cal, levels_log, (fold_calls, fold_time)))
             firsts.append(first)
     wall = time.perf_counter() - t0
     print_arms(results, f"{args.model} on {args.device} — S={cfg.max_num_seqs}, T={cfg.max_num_batched_tokens}, "
@@ -191,6 +196,10 @@ def run(args) -> int:
                 line += (f"; marginal {cost['marginal']:.3f} s = {100 * cost['marginal'] / max(r.host_time, 1e-12):.1f}"
                          f" % of T_host (gross less the same rows priced at level 0: "
                          f"{cost['level0_equivalent']:.3f} s)")
+            if info is not None:
+                line += (f"; folded into their producers' scans: +{info['fold_calls']} scan calls, "
+                         f"{1000 * info['fold_time']:.1f} ms = {100 * info['fold_time'] / max(r.host_time, 1e-12):.2f}"
+                         f" % of T_host (priced by the measured per-call cost)")
             print(line)
     for r, info in zip(results, handoff_info):
         if info is None:
@@ -234,5 +243,8 @@ def run(args) -> int:
                 d["handoff_gross_share"] = d["handoff_time"] / host
                 d["handoff_marginal_share"] = cost["marginal"] / host
                 d["handoff_level0_fit"] = info.get("level0_fit")
+                d["handoff_fold_calls"] = info["fold_calls"]
+                d["handoff_fold_time"] = info["fold_time"]
+                d["handoff_fold_share"] = info["fold_time"] / host
         write_json(args.json_path, payload)
     return 0

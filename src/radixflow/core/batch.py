@@ -83,3 +83,6 @@ class ExecResult:
     samples: dict[int, Sample] = field(default_factory=dict)  # fragment index -> sample
     capture_time: float = 0.0  # the part of c(B_t) spent capturing state and copying pages (modelled)
     handoff_time: float = 0.0  # the part of c(B_t) spent in extra recurrent levels (SPEC §15; engine: measured)
+    # recurrent levels the forward ran, where the executor counts them itself (the engine folds a
+    # multi-token producer's dependents into its scan: no level); None: the scheduler's count
+    levels: int | None = None

@@ -3,7 +3,8 @@ producer computes runs in that forward as a dependent row, reading the producer'
 
 This module holds the round's producers (`Forward`: which row each branch is, at which level of the
 forward) and the `auto` rule (`choose`). The scheduler's readiness check decides where a hand-off is
-possible (core/readiness.py); the engine runs each recurrent layer level by level.
+possible (core/readiness.py); the engine folds a multi-token producer's dependents into its
+producer's recurrent scan and runs only a 1-token producer's dependents in a level of their own.
 
 A row's level: 0 when it reads only published state, its producer's level + 1 for a dependent;
 `--handoff-max-levels L` allows levels 0 .. L-1 in one forward (L = 1 is no hand-off: §9's bound's
@@ -31,6 +32,18 @@ class HandoffCosts:
     # one round of a consumer's latency, what a wait costs it when t+1 runs anyway (None: `round`, the
     # simulator's stand-in; the engine gives the measured length of its recent rounds)
     wait: float | None = None
+    # the engine folds a dependent of a multi-token producer into its producer's chunked scan: no level,
+    # only the scan calls it adds, each `fold_step` seconds at `fold_chunk` tokens a chunk (None: every
+    # dependent opens or joins a level, as in the simulator)
+    fold_step: float | None = None
+    fold_chunk: int = 0
+
+
+def fold_calls(chunk: int, producer_tokens: int, k: int, tokens: int) -> int:
+    """Sequential scan calls a dependent of `tokens` tokens adds when folded into its producer's scan at
+    k tokens into the producer's row of `producer_tokens` (chunks of `chunk`): the steps it runs past
+    the producer's own last step (an upper bound: a longer row in the scan may cover them)."""
+    return max(0, -(-tokens // chunk) - -(-(producer_tokens - k) // chunk))
 
 
 class HandoffCostSource(Protocol):
@@ -44,7 +57,7 @@ HANDOFF, WAIT, RECOMPUTE = "handoff", "wait", "recompute"
 
 
 def choose(costs: HandoffCosts | None, new_level: bool, gap: int, next_sure: bool, spent: float = 0.0,
-           sharers: int = 1) -> str:
+           sharers: int = 1, fold: tuple[int, int, int] | None = None) -> str:
     """`--handoff auto` for one consumer Blocked at depth d whose published state lies `gap` tokens below d:
     - hand-off costs the extra level when this consumer opens it (`new_level`), nothing more when the
       level already runs in this forward (its rows share the level's launches). The level is bought as
@@ -56,11 +69,16 @@ def choose(costs: HandoffCosts | None, new_level: bool, gap: int, next_sure: boo
     - wait costs the consumer one round: its latency when round t+1 runs anyway (`next_sure`: `wait`,
       the round's length, or its fixed part where none is given), and that round's host time as well
       when t+1 would not run without it.
-    A level's per-row cost (`level_row`) is paid by every consumer it runs.
+    A level's per-row cost (`level_row`) is paid by every consumer it runs. Where the costs fold
+    (`fold_step`) and the producer is a multi-token row (`fold`: its tokens, d's offset in it, the
+    consumer's tokens), the hand-off opens no level: it costs the scan calls it adds (`fold_calls`).
     The cheapest wins; ties go to hand-off, then recompute. Without costs, hand-off."""
     if costs is None:
         return HANDOFF
-    handoff = (max(0.0, costs.level - spent) if new_level else 0.0) + costs.level_row
+    if costs.fold_step is not None and fold is not None and fold[0] > 1:
+        handoff, new_level = fold_calls(costs.fold_chunk, *fold) * costs.fold_step, False
+    else:
+        handoff = (max(0.0, costs.level - spent) if new_level else 0.0) + costs.level_row
     recompute = gap * costs.token * (sharers if new_level else 1)
     latency = costs.round if costs.wait is None else costs.wait
     wait = latency if next_sure else latency + costs.round

@@ -204,7 +204,7 @@ class Readiness:
         if self.config.handoff == "auto":
             new_level = level > forward.depth
             choice = choose(self.handoff_costs, new_level, d - bd.ready, next_sure, forward.spent,
-                            forward.sharers(b) if new_level else 1)
+                            forward.sharers(b) if new_level else 1, (prod.num_tokens, d - prod.start, n))
             if choice == RECOMPUTE:
                 forward.spent += (d - bd.ready) * self.handoff_costs.token
             if choice != HANDOFF:

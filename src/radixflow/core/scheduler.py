@@ -211,6 +211,8 @@ class Scheduler:
             self.rounds[-1].host_time = result.host_time
             self.rounds[-1].capture_time = result.capture_time
             self.rounds[-1].handoff_time = result.handoff_time
+            if result.levels is not None:
+                self.rounds[-1].levels = result.levels
         done = []
         for i, frag in enumerate(batch.fragments):
             b = frag.branch

@@ -25,6 +25,10 @@ scratch cache, before the first round) and carried over from one engine to the n
   `BASE_REFIT` rounds), and the level's marginal cost is its measured time less that (`levels_cost`).
   The executor records (measured, level-0 equivalent) of every level in `levels_log`; `bench` and
   `/metrics` report both sums (docs/handoff.md).
+- Folded dependents (engine/models/batch.py `FOLD`: a dependent of a multi-token producer runs in its
+  producer's chunked scan, no level): `auto` prices such a hand-off by the scan calls it adds times the
+  probe's measured cost of one call at the engine's chunk (`HandoffCosts.fold_step`, from `scan`); the
+  level fits above then price only the separate levels of 1-token producers' dependents.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import numpy as np
 import torch
 
 from radixflow.core.handoff import HandoffCosts
+from radixflow.engine.models import batch as batch_mod
 from radixflow.engine.models.batch import LevelClock
 from radixflow.engine.models.cache import RowInput
 from radixflow.engine.models.chunk_plan import ScanCosts, build_chunk_plan, chunk_candidates, plan_shape
@@ -88,6 +93,7 @@ class HandoffCalibration:
     # every extra level run: (measured seconds, its rows priced at level 0), see `level0_equivalent`
     levels_log: list[tuple[float, float]] = field(default_factory=list)
     probe_seconds: float = 0.0
+    scan: ScanCosts | None = None  # the engine's scan costs (its fixed chunk): what a folded hand-off adds
     _round_fit: list[float] | None = None
     _level_fit: list[float] | None = None
     _base_fit: list[float] | None = None
@@ -176,7 +182,11 @@ class HandoffCalibration:
         longest = sorted(o[2] for o in (*self.probe_levels, *self.levels))
         f += n * _median(longest)
         wait = _median(sorted(self.lengths)) if self.lengths else None
-        return HandoffCosts(level=f, token=tok, round=a, level_row=r, wait=wait)
+        step, chunk = None, 0
+        if batch_mod.FOLD and self.scan is not None and self.scan.fixed is not None:
+            chunk = self.scan.fixed
+            step = self.scan.per_step.get(chunk, 0.0)
+        return HandoffCosts(level=f, token=tok, round=a, level_row=r, wait=wait, fold_step=step, fold_chunk=chunk)
 
     def summary(self, since: int = 0) -> dict:
         """Predicted vs measured time of the levels taken (from the `since`-th on: medians), and the fits."""
@@ -328,6 +338,9 @@ def _probe_scans(model, repeat: int = 3) -> ScanCosts | None:
                     best = min(best, time.perf_counter() - t0)
                 samples.append((plan.num_slots, len(plan.steps), best))
             k, s = nnls([(a, b) for a, b, _ in samples], [t for *_, t in samples])
+            if s <= 0:  # a noisy fit put all the time on slots; a step call is never free: the cheapest
+                # measured time per step (a step with its chunk's slots, an over-estimate) bounds it
+                s = min(t / steps for _, steps, t in samples)
             per_slot[chunk] = per_slot.get(chunk, 0.0) + count * k
             per_step[chunk] = per_step.get(chunk, 0.0) + count * s
     return ScanCosts(per_slot, per_step)
@@ -346,8 +359,11 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
         return torch.randint(0, vocab, (n,), generator=gen).tolist()
 
     plain = [[16], [128], [16] * 8, [64] * 4]
+    # dependents of multi-token producers (folded: no level, unless batch.FOLD is off) and of 1-token
+    # producers (a separate level: what the level fit prices)
     handed = [(128, [(128, 16)]), (128, [(64, 8), (128, 8)]), (128, [(96, 24)] * 4),
-              (128, [(64, 40), (96, 40), (112, 40), (128, 40)] * 2), (256, [(256, 1)] * 4)] if hybrid else []
+              (128, [(64, 40), (96, 40), (112, 40), (128, 40)] * 2), (256, [(256, 1)] * 4),
+              (1, [(1, 16)]), (1, [(1, 8), (1, 24)]), (1, [(1, 40)] * 4), (1, [(1, 1)] * 4)] if hybrid else []
     pages = sum(-(-n // block_size) + 1 for lens in plain for n in lens)
     pages = max(pages, max((-(-p // block_size) + len(d) * 4 for p, d in handed), default=0))
     cache = model.allocate_cache(pages + 8, block_size, 4 if hybrid else 0)
@@ -365,8 +381,9 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
             t = time.perf_counter() - t0
             if t < best:
                 best, levels, base = t, clock.by_level, clock.base
-        if hybrid:  # level 0: every row here without a producer
-            lens = [len(r.token_ids) for r in rows if r.after is None]
+        if hybrid:  # level 0: every row without a producer, and the folded dependents
+            all_lens = [len(r.token_ids) for r in rows]
+            lens = [n for n, k in zip(all_lens, batch_mod.row_levels([r.after for r in rows], all_lens)) if k == 0]
             cal.probe_base.append((sum(n == 1 for n in lens), sum(n > 1 for n in lens),
                                    sum(n for n in lens if n > 1), max(lens), base))
         return best, levels
@@ -394,5 +411,6 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
         extra = sum(levels.values())
         cal.probe_rounds.append((len(rows), plen + sum(n for _, n in deps), t - extra))
         cal.lengths.append(t)
-        cal.probe_levels.append((len(deps), sum(n for _, n in deps), max(n for _, n in deps), extra))
+        if levels:  # a separate level ran (folded dependents run in level 0)
+            cal.probe_levels.append((len(deps), sum(n for _, n in deps), max(n for _, n in deps), extra))
     cal._round_fit = cal._level_fit = cal._base_fit = None

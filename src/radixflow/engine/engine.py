@@ -74,6 +74,7 @@ class Engine:
             self.executor.scan_costs = engine_scan_costs(model, sc.state_interval)
             if sc.handoff != "off":  # measured and predicted either way; `auto` decides by it
                 self.executor.calibration = calibration(model, sc.block_size)
+                self.executor.calibration.scan = self.executor.scan_costs  # prices a folded hand-off
             if sc.handoff == "auto":
                 self.scheduler.handoff_source = self.executor.calibration
         self.now = 0.0

@@ -1,5 +1,10 @@
 """The real executor: one batched model forward per round, then sampling; measures c(B) on the host,
-and the part of it spent in the recurrent levels of dependent rows (SPEC §15, `ExecResult.handoff_time`)."""
+and the part of it spent in the recurrent levels of dependent rows (SPEC §15, `ExecResult.handoff_time`).
+
+Levels are the engine's (engine/models/batch.py `row_levels`): a dependent of a multi-token producer is
+folded into its producer's scan (no level of its own; what it adds, the scan calls it makes longer,
+is priced by the measured per-call cost: `fold_time`), a dependent of a 1-token producer runs in a
+separate level, timed by `LevelClock`."""
 
 from __future__ import annotations
 
@@ -8,8 +13,7 @@ import time
 import torch
 
 from radixflow.core.batch import Batch, ExecResult, Sample
-from radixflow.core.handoff import levels_of
-from radixflow.engine.models.batch import LevelClock
+from radixflow.engine.models.batch import LevelClock, row_levels
 from radixflow.engine.models.cache import ModelCache, RowInput
 from radixflow.engine.sampling import (
     RowContext,
@@ -40,6 +44,13 @@ class RequestState:
         self.prompt_logprobs: dict[int, tuple[float, int, list[tuple[int, float]]]] = {}
 
 
+def _row_levels(batch: Batch) -> list[int]:
+    """The engine's recurrent level of each row (folded dependents share their producer's)."""
+    if all(f.after is None for f in batch.fragments):
+        return [0] * len(batch.fragments)
+    return row_levels([f.after for f in batch.fragments], [f.num_tokens for f in batch.fragments])
+
+
 class EngineExecutor:
     def __init__(self, model, cache: ModelCache, tokenizer=None, keep_logits: bool = False) -> None:
         self.model = model
@@ -50,6 +61,8 @@ class EngineExecutor:
         self.device = cache.device
         self.scan_costs = None  # measured scan costs: each recurrent level picks its chunk (engine/calibration.py)
         self.calibration = None  # HandoffCalibration fed with this executor's timings (None: not measured)
+        self.fold_calls = 0      # scan calls the folded dependents added, over all forwards
+        self.fold_time = 0.0     # those calls priced by the measured per-call cost (`ScanCosts.per_step`)
 
     def execute(self, batch: Batch) -> ExecResult:
         cal = self.calibration  # the levels' predictions are the scheduler's side: made before the clock starts
@@ -105,6 +118,8 @@ class EngineExecutor:
             torch.cuda.synchronize(self.device)
         host = time.perf_counter() - t0
         measured = clock.by_level
+        self.fold_calls += clock.fold_calls
+        self.fold_time += clock.fold_seconds
         if cal is not None:
             for k, (r, n, longest) in levels.items():
                 cal.observe_level(r, n, longest, measured.get(k, 0.0), predicted.get(k))
@@ -115,7 +130,8 @@ class EngineExecutor:
                     ones, r, n, _ = parts[k]
                     cal.record_level(ones, r, n, measured.get(k, 0.0))
             cal.observe_round(len(batch.fragments), batch.num_tokens, host - sum(measured.values()), host)
-        return ExecResult(host, samples, handoff_time=sum(measured.values()))
+        ran = max(_row_levels(batch), default=0) + 1 if getattr(self.model, "is_hybrid", False) else 1
+        return ExecResult(host, samples, handoff_time=sum(measured.values()), levels=ran)
 
     @staticmethod
     def _levels(batch: Batch) -> dict[int, tuple[int, int, int]]:
@@ -123,7 +139,7 @@ class EngineExecutor:
         out: dict[int, tuple[int, int, int]] = {}
         if all(f.after is None for f in batch.fragments):
             return out
-        for f, k in zip(batch.fragments, levels_of(batch)):
+        for f, k in zip(batch.fragments, _row_levels(batch)):
             if k:
                 r, n, longest = out.get(k, (0, 0, 0))
                 out[k] = (r + 1, n + f.num_tokens, max(longest, f.num_tokens))
@@ -133,9 +149,7 @@ class EngineExecutor:
     def _level_parts(batch: Batch) -> dict[int, tuple[int, int, int, int]]:
         """Per level depth (0 included): 1-token rows, longer rows, their tokens, the longest row."""
         out: dict[int, tuple[int, int, int, int]] = {}
-        depths = levels_of(batch) if any(f.after is not None for f in batch.fragments) else \
-            [0] * len(batch.fragments)
-        for f, k in zip(batch.fragments, depths):
+        for f, k in zip(batch.fragments, _row_levels(batch)):
             ones, r, n, longest = out.get(k, (0, 0, 0, 0))
             t = f.num_tokens
             out[k] = (ones + (t == 1), r + (t > 1), n + (t if t > 1 else 0), max(longest, t))

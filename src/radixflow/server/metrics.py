@@ -100,6 +100,9 @@ class ServerMetrics:
                                                "of its extra levels' time (beside handoff_seconds, measured)")
         self.handoff_level0 = self._counter("handoff_level0_seconds", "the extra levels' rows priced at level 0 "
                                             "by the engine's fit (handoff_seconds less this: their marginal cost)")
+        self.handoff_fold = self._counter("handoff_fold_seconds", "what dependents folded into their producer's "
+                                          "scan added: the scan calls they made longer, priced by the measured "
+                                          "per-call cost (they open no extra level)")
         self._prompt = 0
         self._cached = 0
 
@@ -132,9 +135,13 @@ class ServerMetrics:
         if handoff_time:
             self.handoff_seconds.inc(handoff_time)
 
-    def observe_handoff(self, choices: dict[str, int], predicted: float, level0: float = 0.0) -> None:
-        """One round's hand-off choices (counts by choice), the predicted time of its extra levels and
-        their rows priced at level 0 (engine/calibration.py `level0_equivalent`)."""
+    def observe_handoff(self, choices: dict[str, int], predicted: float, level0: float = 0.0,
+                        fold: float = 0.0) -> None:
+        """One round's hand-off choices (counts by choice), the predicted time of its extra levels,
+        their rows priced at level 0 (engine/calibration.py `level0_equivalent`) and what its folded
+        dependents added to their producers' scans (`EngineExecutor.fold_time`)."""
+        if fold > 0:
+            self.handoff_fold.inc(fold)
         for choice, n in choices.items():
             if n:
                 self.handoff_choices.labels(choice).inc(n)

@@ -5,16 +5,20 @@ the packed tokens, where each token's K/V goes in the paged cache, which cache s
 attention reads, and the layouts the linear layers use (flat conv windows, flat scan chunks).
 
 Dependent rows (SPEC §15, `RowInput.after`): a row may start from the state its producer row, earlier
-in the same call, reaches at the row's `start`. The recurrent scans then run in `levels` (level 0: rows
-without a producer; level k + 1: the dependents of level k rows), each level handing its rows' states
-at the dependents' depths to the next; the conv windows and the KV page a dependent's start cuts are
-taken from the producer in one pass (`ConvPlan.hand_dst/src`, `kv_forks`).
+in the same call, reaches at the row's `start`. A dependent of a multi-token producer is *folded* into
+its producer's chunked scan (`row_levels`: the producer's level; chunk_plan.py `_fold_schedule`): its
+chunks run as further rows of the same scan, from the step after the producer's step that reaches its
+start. Only a dependent of a 1-token (decode) producer, which has no chunk step to fold into, runs in a
+separate level (its producer's level + 1), each level handing its rows' states at the dependents' depths
+to the next. `FOLD = False` runs every dependent in a separate level (the pre-fold engine). The conv
+windows and the KV page a dependent's start cuts are taken from the producer in one pass
+(`ConvPlan.hand_dst/src`, `kv_forks`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -23,6 +27,19 @@ import torch
 
 from .cache import RowInput
 from .chunk_plan import ChunkPlan, ScanCosts, build_chunk_plan, chunk_candidates, plan_shape
+
+FOLD = True  # dependents of multi-token producers run in their producer's scan (False: separate levels)
+
+
+def row_levels(after: Sequence[int | None], lengths: Sequence[int], fold: bool | None = None) -> list[int]:
+    """Each row's recurrent level: 0 without a producer; a dependent of a multi-token producer shares its
+    producer's level when folding (`fold`, default the module's `FOLD`), otherwise the producer's + 1.
+    Producers come before their dependents (`validate_rows`)."""
+    fold = FOLD if fold is None else fold
+    out: list[int] = []
+    for a in after:
+        out.append(0 if a is None else out[a] + (0 if fold and lengths[a] > 1 else 1))
+    return out
 
 
 def validate_rows(rows: list[RowInput], block_size: int, num_pages: int, num_slots: int,
@@ -116,6 +133,13 @@ class LevelClock:
         self.cuda = device.type == "cuda"
         self._seconds: dict[int, float] = {}
         self._events: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
+        self.fold_calls = 0         # sequential scan calls the folded dependents added (chunk_plan.py)
+        self.fold_seconds = 0.0     # those calls priced by the measured per-call cost (`ScanCosts.per_step`)
+
+    def fold(self, calls: int, seconds: float) -> None:
+        """A level's plan: its folded dependents added `calls` scan calls, priced at `seconds`."""
+        self.fold_calls += calls
+        self.fold_seconds += seconds
 
     @contextmanager
     def measure(self, depth: int = 1) -> Iterator[None]:
@@ -169,10 +193,10 @@ class BatchContext:
         self.extras: dict[str, object] = {}
         self._conv_plans: dict[int, ConvPlan] = {}
         self.dependents = [i for i, r in enumerate(rows) if r.after is not None]
-        level = [0] * len(rows)
-        for i in self.dependents:  # validated: producers come first
-            level[i] = level[rows[i].after] + 1  # type: ignore[index]
+        level = row_levels([r.after for r in rows], self.lengths)  # validated: producers come first
         self.level_of = level
+        # dependents run in their producer's scan (same level): dependent row -> producer row
+        self.folded = {i: rows[i].after for i in self.dependents if level[i] == level[rows[i].after]}  # type: ignore[index]
         # hand-offs per producer row: (tokens of the producer's row before the dependent starts, dependent)
         self.hands: dict[int, list[tuple[int, int]]] = {}
         for i in self.dependents:
@@ -329,11 +353,13 @@ class Level:
 
     @cached_property
     def decode_rows(self) -> list[int]:
-        return [i for i in self.rows if self.batch.lengths[i] == 1]
+        """1-token rows run by the recurrence directly (not folded: their initial state is known first)."""
+        return [i for i in self.rows if self.batch.lengths[i] == 1 and i not in self.batch.folded]
 
     @cached_property
     def prefill_rows(self) -> list[int]:
-        return [i for i in self.rows if self.batch.lengths[i] > 1]
+        """Rows of the chunked scan: multi-token rows and folded dependents (even of one token)."""
+        return [i for i in self.rows if self.batch.lengths[i] > 1 or i in self.batch.folded]
 
     @cached_property
     def decode_row_index(self) -> torch.Tensor:
@@ -366,7 +392,8 @@ class Level:
     def chunk_plan(self, chunk: int) -> ChunkPlan:
         if chunk not in self._chunk_plans:
             b = self.batch
-            self._chunk_plans[chunk] = build_chunk_plan(self._plan_rows, chunk, b.num_tokens, b.device, b.hands)
+            self._chunk_plans[chunk] = build_chunk_plan(self._plan_rows, chunk, b.num_tokens, b.device, b.hands,
+                                                        b.folded)
         return self._chunk_plans[chunk]
 
     def scan_plan(self, chunk: int) -> ChunkPlan:
@@ -382,5 +409,7 @@ class Level:
                 pick = costs.fixed
             else:
                 pick = costs.choose({c: plan_shape(self._plan_rows, c, self.batch.hands) for c in candidates})
-            self._chunk_plans[key] = self.chunk_plan(pick)
+            plan = self._chunk_plans[key] = self.chunk_plan(pick)
+            if self.batch.clock is not None and plan.fold_calls:  # once per forward and level
+                self.batch.clock.fold(plan.fold_calls, plan.fold_calls * costs.per_step.get(plan.chunk, 0.0))
         return self._chunk_plans[key]

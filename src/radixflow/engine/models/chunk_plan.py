@@ -10,6 +10,14 @@ access in the sequential scan is a view, never a gather.
 A plan covers the rows of one recurrent level (SPEC §15): a row's `handoffs` are cut like its captures,
 and the state there is handed to a dependent row of the next level instead of written to a slot.
 
+Folded dependents (`folded`, batch.py `row_levels`): a dependent of a multi-token producer runs in the
+producer's own plan. Its chunks start at the scan step after the producer's step that reaches the
+dependent's start (a cut, like a capture), and its local state is the producer's state there (`folds`:
+copied inside the scan). The local rows are then ordered folded rows first, so that at each step the
+active rows are one contiguous run wherever possible (`_fold_schedule`); a step whose active rows are not
+contiguous is split into one scan call per run. `base_calls` is what the plan would take without its
+folded rows: the fold's extra sequential calls are `fold_calls`.
+
 The chunk is chosen by measured cost (`ScanCosts.choose`) when the caller gives scan costs: per level,
 or once for every level (`ScanCosts.fixed`: the engine picks it for segments of its state interval, so
 a cache hit and a cold run of the same prompt cut the same chunks). Rows cut at every 16-token state
@@ -33,12 +41,22 @@ class ChunkPlan:
     num_slots: int                  # M * chunk token slots, padding included
     token_index: torch.Tensor       # [Np] packed indices of these rows' tokens, ascending
     flat_index: torch.Tensor        # [Np] where each of those tokens sits in the [M * chunk] layout
-    steps: list[tuple[int, int]]    # per scan step: (first chunk id, number of active local rows)
-    captures: dict[int, tuple[torch.Tensor, torch.Tensor]]  # step -> (local rows, slots) saved after it
-    # step -> (local rows, dependent batch rows) whose initial state is the state after that step
+    # per scan call: (first chunk id, first active local row, number of active local rows); the calls
+    # of one step are consecutive, one per contiguous run of active local rows
+    steps: list[tuple[int, int, int]]
+    captures: dict[int, tuple[torch.Tensor, torch.Tensor]]  # call -> (local rows, slots) saved after it
+    # call -> (local rows, dependent batch rows) whose initial state is the state after that call
     handoffs: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # call -> (local rows, local rows of folded dependents) whose state starts from theirs after that call
+    folds: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     all_tokens: bool = False        # token_index is every packed token, in order (no 1-token rows)
+    base_calls: int = 0             # scan calls of the same plan without its folded rows
+
+    @property
+    def fold_calls(self) -> int:
+        """The sequential scan calls the folded rows add (more steps, or steps split into runs)."""
+        return len(self.steps) - self.base_calls
 
     @cached_property
     def row_index(self) -> torch.Tensor:
@@ -72,35 +90,39 @@ def blocked_scan(plan: ChunkPlan, inputs: tuple[torch.Tensor, ...], state: torch
     inputs: [M, ...] chunk tensors; state: [R, ...] per local row, updated in place; out: [M, ...].
     `intra` runs on blocks of consecutive steps (about `_BLOCK_ELEMS` elements per chunk-by-chunk
     matrix) instead of all chunks at once, so on CPU its intermediates stay in cache while the
-    scan consumes them. save(local_rows, slots) is called after each step that has captures, and
-    hand(local_rows, dependent_rows) after each step that has hand-offs.
+    scan consumes them. save(local_rows, slots) is called after each call that has captures, and
+    hand(local_rows, dependent_rows) after each call that has hand-offs; a folded dependent's state is
+    copied from its producer's local row after the producer's call that reaches its start.
     """
     per_chunk = inputs[0][0].numel() // max(inputs[0].shape[-1], 1) * plan.chunk  # ~ H * C * C
     budget = len(plan.steps) * len(plan.rows) if inputs[0].is_cuda else max(1, _BLOCK_ELEMS // per_chunk)
     for c0, c1, group in _step_groups(plan, budget):
         pre = intra(*(t[c0:c1] for t in inputs))
-        for s, first, n in group:
+        for s, first, lo, n in group:
             f = first - c0
-            # active rows are local 0..n-1 and their chunks first..first+n-1: views, no gathers
-            out[first:first + n], state[:n] = step(state[:n], *(t[f:f + n] for t in pre))
+            # active rows are local lo..lo+n-1 and their chunks first..first+n-1: views, no gathers
+            out[first:first + n], state[lo:lo + n] = step(state[lo:lo + n], *(t[f:f + n] for t in pre))
             if s in plan.captures:
                 save(*plan.captures[s])
             if hand is not None and s in plan.handoffs:
                 hand(*plan.handoffs[s])
+            if s in plan.folds:
+                src, dst = plan.folds[s]
+                state.index_copy_(0, dst, state.index_select(0, src))
 
 
 _BLOCK_ELEMS = 1 << 19
 
 
-def _step_groups(plan: ChunkPlan, budget: int) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
-    """Consecutive steps grouped so a group spans at most `budget` chunks (at least one step)."""
-    groups: list[tuple[int, int, list[tuple[int, int, int]]]] = []
-    for s, (first, n) in enumerate(plan.steps):
+def _step_groups(plan: ChunkPlan, budget: int) -> list[tuple[int, int, list[tuple[int, int, int, int]]]]:
+    """Consecutive calls grouped so a group spans at most `budget` chunks (at least one call)."""
+    groups: list[tuple[int, int, list[tuple[int, int, int, int]]]] = []
+    for s, (first, lo, n) in enumerate(plan.steps):
         if groups and first + n - groups[-1][0] <= budget:
             c0, _, members = groups[-1]
-            groups[-1] = (c0, first + n, members + [(s, first, n)])
+            groups[-1] = (c0, first + n, members + [(s, first, lo, n)])
         else:
-            groups.append((first, first + n, [(s, first, n)]))
+            groups.append((first, first + n, [(s, first, lo, n)]))
     return groups
 
 
@@ -176,37 +198,85 @@ def chunk_candidates(chunk: int, smallest: int = 8) -> list[int]:
 
 
 def build_chunk_plan(rows: list[tuple[int, int, int, list[tuple[int, int]]]], chunk: int, num_tokens: int,
-                     device: torch.device, hands: dict[int, list[tuple[int, int]]] | None = None) -> ChunkPlan:
+                     device: torch.device, hands: dict[int, list[tuple[int, int]]] | None = None,
+                     folded: dict[int, int] | None = None) -> ChunkPlan:
     """rows: (batch row index, packed offset, length, state_out) of each multi-token row; hands: batch
-    row -> (k, dependent row) of the rows whose state after k tokens a dependent starts from."""
+    row -> (k, dependent row) of the rows whose state after k tokens a dependent starts from; folded:
+    dependent batch row -> its producer's batch row, both in `rows` (the dependent runs in this plan)."""
     hands = hands or {}
+    folded = folded or {}
     per_row = [row_chunks(off, n, cuts, chunk, hands.get(i, ())) for i, off, n, cuts in rows]
-    order = sorted(range(len(rows)), key=lambda r: -len(per_row[r][0]))
+    order, start, calls = _fold_schedule(rows, per_row, folded)
+    local_of = {r: lane for lane, r in enumerate(order)}
+    lane_of_row = {rows[r][0]: lane for lane, r in enumerate(order)}
     slot_of: dict[int, int] = {}        # packed token index -> slot in the [M * chunk] layout
-    steps: list[tuple[int, int]] = []
+    steps: list[tuple[int, int, int]] = []
+    call_of: dict[tuple[int, int], int] = {}  # (row, its chunk) -> the scan call that runs it
     num_slots = 0
-    for s in range(len(per_row[order[0]][0]) if rows else 0):
-        active = [r for r in order if len(per_row[r][0]) > s]  # a prefix of `order`
-        steps.append((num_slots // chunk, len(active)))
-        for r in active:
-            for j, tok in enumerate(per_row[r][0][s]):
+    for s, lo, n in calls:
+        steps.append((num_slots // chunk, lo, n))
+        for lane in range(lo, lo + n):
+            r = order[lane]
+            call_of[r, s - start[r]] = len(steps) - 1
+            for j, tok in enumerate(per_row[r][0][s - start[r]]):
                 if tok >= 0:
                     slot_of[tok] = num_slots + j
             num_slots += chunk
     captures: dict[int, list[tuple[int, int]]] = {}
     handed: dict[int, list[tuple[int, int]]] = {}
-    for local, r in enumerate(order):
-        for step, slot in per_row[r][1]:
-            captures.setdefault(step, []).append((local, slot))
-        for step, dep in per_row[r][2]:
-            handed.setdefault(step, []).append((local, dep))
+    folds: dict[int, list[tuple[int, int]]] = {}
+    for r, local in local_of.items():
+        for c, slot in per_row[r][1]:
+            captures.setdefault(call_of[r, c], []).append((local, slot))
+        for c, dep in per_row[r][2]:
+            if dep in folded:
+                folds.setdefault(call_of[r, c], []).append((local, lane_of_row[dep]))
+            else:
+                handed.setdefault(call_of[r, c], []).append((local, dep))
 
     def t(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
     tokens = sorted(slot_of)
+    base = max((len(per_row[r][0]) for r in range(len(rows)) if rows[r][0] not in folded), default=0)
     return ChunkPlan([rows[r][0] for r in order], chunk, num_slots, t(tokens), t([slot_of[k] for k in tokens]),
-                     steps, _pairs(captures, t), _pairs(handed, t), all_tokens=len(tokens) == num_tokens)
+                     steps, _pairs(captures, t), _pairs(handed, t), _pairs(folds, t),
+                     all_tokens=len(tokens) == num_tokens, base_calls=base)
+
+
+def _fold_schedule(rows: list[tuple[int, int, int, list[tuple[int, int]]]],
+                   per_row: list[tuple[list[list[int]], list[tuple[int, int]], list[tuple[int, int]]]],
+                   folded: dict[int, int]) -> tuple[list[int], list[int], list[tuple[int, int, int]]]:
+    """Local row order, first scan step of each row, and the scan calls (step, first local row, count).
+
+    Rows without a producer in the plan start at step 0 and are ordered longest first (without folded
+    rows: today's plan exactly, one call per step over a prefix). A folded row starts at the step after
+    its producer's call that reaches its start; folded rows come first in the order, earliest start
+    (then latest end) next to the other rows, so the active folded rows at a step are usually a run
+    that joins the active prefix of the others. Active rows that are not contiguous are split."""
+    pos = {row[0]: r for r, row in enumerate(rows)}
+    start = [0] * len(rows)
+    for r in sorted(range(len(rows)), key=lambda r: rows[r][0]):  # producers come before their dependents
+        for c, dep in per_row[r][2]:
+            if dep in folded and folded[dep] == rows[r][0]:
+                start[pos[dep]] = start[r] + c + 1
+    end = [start[r] + len(per_row[r][0]) for r in range(len(rows))]
+    roots = sorted((r for r in range(len(rows)) if rows[r][0] not in folded), key=lambda r: -len(per_row[r][0]))
+    deps = sorted((r for r in range(len(rows)) if rows[r][0] in folded), key=lambda r: (start[r], -end[r]))
+    order = deps[::-1] + roots
+    calls: list[tuple[int, int, int]] = []
+    for s in range(max(end, default=0)):
+        lo = None
+        for lane, r in enumerate(order):
+            if start[r] <= s < end[r]:
+                if lo is None:
+                    lo = lane
+            elif lo is not None:
+                calls.append((s, lo, lane - lo))
+                lo = None
+        if lo is not None:
+            calls.append((s, lo, len(order) - lo))
+    return order, start, calls
 
 
 def _pairs(by_step: dict[int, list[tuple[int, int]]], t: Callable[[list[int]], torch.Tensor]
