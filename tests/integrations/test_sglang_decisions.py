@@ -1,0 +1,156 @@
+"""The radixflow SGLang backends' eviction decisions, pinned: a digest, per seeded config, of what every
+`cache.evict` call asked for, what it freed, and the tree it left (every leaf's token path from the
+root). It names tokens, never nodes, so a change of how a cut is made (a split and a delete, or a
+leaf shortened in place) keeps it, and a change of which tokens a call frees does not.
+
+The digests were taken before the cost work (in-place cuts, incremental rotation and level order) and
+must not move; a change that moves one must say why in its commit. SGLang venv (scripts/test.sh)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from sglang_factories import load_twins, replay
+
+twins = load_twins()
+
+from radixflow.integrations.sglang import sweep  # noqa: E402
+from radixflow.workloads.agentic import AgenticSpec, agentic_sessions  # noqa: E402
+
+FULL, MAMBA = twins.FULL, twins.MAMBA
+
+
+def leaf_paths(cache) -> list[tuple]:
+    """Every leaf's token path from the root (nodes holding device KV only), sorted."""
+    root = cache.tree_core.root_node
+    out, stack = [], [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        kids = [c for c in node.children.values() if c.component_data[FULL].value is not None]
+        if not kids and node is not root:
+            out.append(path)
+        for c in kids:
+            stack.append((c, path + tuple(c.key.token_ids)))
+    return sorted(out)
+
+
+class RecordingTwin(twins.SGLangTwin):
+    """An SGLangTwin that records (asked, freed, leaf paths after) for every evict call."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.record: list = []
+
+    def evict(self, n: int) -> int:
+        got = super().evict(n)
+        self.record.append((n, got, leaf_paths(self.cache)))
+        return got
+
+
+def digest(record) -> str:
+    return hashlib.sha256(repr(record).encode()).hexdigest()[:16]
+
+
+def trace_digest(backend: str, components, page: int, seed: int) -> tuple[str, int]:
+    cap = 128 * page
+    sg = RecordingTwin(backend, cap, page, components, max_reqs=256, mamba_slots=256)
+    ours = twins.IndexTwin("lru", cap, page, hybrid=MAMBA in components)  # only to reuse the driver
+    for _ in replay((sg, ours), seed, page, steps=60, check=lambda t: t.check() if t is sg else None):
+        pass
+    return digest(sg.record), len(sg.record)
+
+
+def agentic_config(page: int) -> dict:
+    """16 agents, a quarter active, a pool inside n_a < m < n (the sweep's shape, smaller)."""
+    sessions = agentic_sessions(AgenticSpec(n_agents=16, idle_fraction=0.75, calls=8, system_len=256,
+                                            context_len=512, append_len=32, output_len=8, seed=7))
+    return sweep._pooled("agentic n=16 s=0.75", sessions, page, (8.0,), 4.0, 16)[0]
+
+
+def sweep_digest(backend: str, page: int) -> tuple[str, int]:
+    cfg = agentic_config(page)
+    sg = RecordingTwin(backend, cfg["capacity"], cfg["page"], small_kv=True)
+    sweep.replay(sg, cfg["sessions"], 1.0)
+    return digest(sg.record), len(sg.record)
+
+
+BACKENDS = ("radixflow-rr-tail", "radixflow-level-tail", "radixflow-flop-aware")
+TRACES = {"full-ps4": ((FULL,), 4), "full-ps1": ((FULL,), 1), "mamba-ps1": ((FULL, MAMBA), 1)}
+
+# (backend, trace, seed) and (backend, page) -> (digest, evict calls); taken before the cost work (see the docstring).
+PINNED = {
+    ("radixflow-rr-tail", "full-ps4", 0): ("d37a17a5c0187ab3", 46),
+    ("radixflow-rr-tail", "full-ps4", 1): ("eac31479cd3ac34c", 41),
+    ("radixflow-rr-tail", "full-ps4", 2): ("cc5a6cf72e08c687", 44),
+    ("radixflow-rr-tail", "full-ps1", 0): ("88774ece815000eb", 37),
+    ("radixflow-rr-tail", "full-ps1", 1): ("d11f957f45718cfe", 36),
+    ("radixflow-rr-tail", "full-ps1", 2): ("84276165107e7042", 26),
+    ("radixflow-rr-tail", "mamba-ps1", 0): ("3f74fe2ffac857a0", 25),
+    ("radixflow-rr-tail", "mamba-ps1", 1): ("24ecc47bfbcdde7b", 26),
+    ("radixflow-rr-tail", "mamba-ps1", 2): ("1c984a5cacef4f17", 17),
+    ("radixflow-level-tail", "full-ps4", 0): ("8fd2a0e059ce4117", 46),
+    ("radixflow-level-tail", "full-ps4", 1): ("5f6c3f2a2e60e79d", 41),
+    ("radixflow-level-tail", "full-ps4", 2): ("644bc5bed6619d8c", 42),
+    ("radixflow-level-tail", "full-ps1", 0): ("ef4909a4d86beef5", 37),
+    ("radixflow-level-tail", "full-ps1", 1): ("ed1ed54fffd75fdc", 32),
+    ("radixflow-level-tail", "full-ps1", 2): ("5ab903e97a8aa774", 28),
+    ("radixflow-level-tail", "mamba-ps1", 0): ("1a8dc426dcdaf8df", 30),
+    ("radixflow-level-tail", "mamba-ps1", 1): ("6d16469df50ba6e0", 23),
+    ("radixflow-level-tail", "mamba-ps1", 2): ("d414f343e416b65f", 17),
+    ("radixflow-flop-aware", "full-ps4", 0): ("434ab049ac19ae7b", 35),
+    ("radixflow-flop-aware", "full-ps4", 1): ("89f6250c53107545", 32),
+    ("radixflow-flop-aware", "full-ps4", 2): ("e30b69f27cceafdf", 25),
+    ("radixflow-flop-aware", "full-ps1", 0): ("a112e3ab8386c94d", 35),
+    ("radixflow-flop-aware", "full-ps1", 1): ("875b072d9b673bde", 32),
+    ("radixflow-flop-aware", "full-ps1", 2): ("728cfba60935869b", 25),
+    ("radixflow-flop-aware", "mamba-ps1", 0): ("99949d9b4f8c6849", 31),
+    ("radixflow-flop-aware", "mamba-ps1", 1): ("32d576d56fe64532", 27),
+    ("radixflow-flop-aware", "mamba-ps1", 2): ("b8e0b97a47eefda6", 22),
+}
+PINNED_SWEEP = {
+    ("radixflow-rr-tail", 16): ("f158cc7343f5a390", 77),
+    ("radixflow-rr-tail", 1): ("e8dcc026c580728f", 75),
+    ("radixflow-level-tail", 16): ("b00d92673f01e97c", 79),
+    ("radixflow-level-tail", 1): ("320673a141dd204b", 78),
+    ("radixflow-flop-aware", 16): ("d54d93646340a4ff", 26),
+    ("radixflow-flop-aware", 1): ("1cd18face323f475", 24),
+}
+
+
+@pytest.fixture(autouse=True)
+def _chunk(monkeypatch):
+    monkeypatch.setenv("RADIXFLOW_SGLANG_CHUNK_TOKENS", "16")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("trace", TRACES)
+@pytest.mark.parametrize("seed", range(3))
+def test_trace_decisions_are_pinned(backend, trace, seed):
+    components, page = TRACES[trace]
+    got = trace_digest(backend, components, page, seed)
+    assert got[1] > 3, "the trace never put the cache under pressure"
+    assert got == PINNED[(backend, trace, seed)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page", (16, 1))
+def test_agentic_decisions_are_pinned(backend, page, monkeypatch):
+    monkeypatch.setenv("RADIXFLOW_SGLANG_CHUNK_TOKENS", "64")
+    got = sweep_digest(backend, page)
+    assert got[1] > 3
+    assert got == PINNED_SWEEP[(backend, page)]
+
+
+if __name__ == "__main__":  # prints the table to pin (run before a change, never to paper over one)
+    import os
+
+    os.environ["RADIXFLOW_SGLANG_CHUNK_TOKENS"] = "16"
+    for b in BACKENDS:
+        for t, (comps, pg) in TRACES.items():
+            for s in range(3):
+                print(f"    ({b!r}, {t!r}, {s}): {trace_digest(b, comps, pg, s)},")
+    os.environ["RADIXFLOW_SGLANG_CHUNK_TOKENS"] = "64"
+    for b in BACKENDS:
+        for pg in (16, 1):
+            print(f"    ({b!r}, {pg}): {sweep_digest(b, pg)},")
