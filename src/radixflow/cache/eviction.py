@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from radixflow.cache.node import Node, Snapshot
 from radixflow.cache.pool import IdPool
@@ -65,6 +65,7 @@ class TreeView(Protocol):
 
     unit: int  # tokens per page: the chunk granularity
     hybrid: bool  # recurrent states: a cut ends on a node holding one
+    trims: bool  # the tree shortens a leaf in place (`Trim`) instead of a `split` and a removal
 
     def leaves(self) -> list: ...  # evictable leaves, in a stable order
 
@@ -103,6 +104,7 @@ class IndexView:
     """`TreeView` over our `RadixIndex`."""
 
     __slots__ = ("index", "unit", "hybrid")
+    trims = False
 
     def __init__(self, index: IndexInternals) -> None:
         self.index = index
@@ -361,10 +363,18 @@ def _trajectory_key(leaf: Node) -> tuple:
     return (node.namespace, node.start, node.key[: 8])
 
 
+class Trim(NamedTuple):
+    """A victim that is the end of a leaf: the tree shortens `node` in place to end at `depth` tokens
+    (what a `split` and the removal of the suffix would leave, without the new node)."""
+
+    node: object
+    depth: int
+
+
 def cut_to(view: TreeView, leaf, target: int):
     """Victims that shorten `leaf`'s trajectory to `target` tokens (on a hybrid tree, to the deepest
-    state at or above it), one leaf at a time, splitting the last one; stops at a shared or locked
-    node."""
+    state at or above it), one leaf at a time, splitting the last one (or, where the view `trims`,
+    yielding a `Trim` of it); stops at a shared or locked node."""
     if view.hybrid:
         target = _state_at_or_above(view, leaf, target)
     node = leaf
@@ -376,6 +386,9 @@ def cut_to(view: TreeView, leaf, target: int):
             yield node
             node = parent
             continue
+        if view.trims:
+            yield Trim(node, target)
+            return
         view.split(node, target)  # `node` keeps the tail
         yield node
         return

@@ -35,8 +35,9 @@ from types import SimpleNamespace
 
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
+from sglang.srt.mem_cache.unified_cache.unified_tree_core import get_and_increase_time_counter
 
-from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail, cut_to
+from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail, Trim, cut_to
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 ACCESS, LEAF = "rf_access", "rf_leaf"  # keys of the FULL component data's metadata (see above)
@@ -71,6 +72,12 @@ class SGLangTreeView:
         self.core = component.tree_core
         self.unit = self.core.page_size
         self.hybrid = MAMBA in self.core.components_by_type
+        core = self.core
+        # In-place cuts on FULL-only device trees: no SWA / Mamba values to redistribute, no host copies,
+        # no per-page hashes or KV events to keep, no T-LRU depths (see RadixflowFullComponent._trim).
+        self.trims = (set(core.components_by_type) == {FULL} and not core.is_write_back
+                      and not core.tlru_bookkeeping and not core.enable_storage
+                      and not getattr(core.kv_events, "enabled", False))
         self._depth: dict[int, int] = {} if depths is None else depths
         self._keys: dict[int, tuple] = {} if keys is None else keys  # trajectory keys by leaf id
 
@@ -201,6 +208,9 @@ class RadixflowFullComponent(FullComponent):
         self._clock = 0  # one tick per access (a lock, an insert): our index's `now`, as a counter
         self._leaf_seq = 0
         self.victims = 0  # leaves handed to the cache (tests read it)
+        self._view = None
+        self._sent = 0  # what the last victim removed in a step freed (sent to the walk at the next)
+        self._whole = False  # this call runs in one step
 
     # --------------------------------------------------------------- recency, leaf order
     def next_leaf_seq(self) -> int:
@@ -290,11 +300,17 @@ class RadixflowFullComponent(FullComponent):
         self._request = request_cnt
         self._walk = None
         self._started = False
+        self._sent = 0
 
     def _start_walk(self, view, need: int):
         return self.policy.page_walk(view, need)
 
     def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
+        """One SGLang step. On a tree that `trims` the component removes its victims itself (whole
+        leaves through SGLang's own `_delete_unbacked_device_leaf`, the last one shortened in place),
+        the whole call in one step when SGLang asked for a count; one victim per step when it asked
+        for more than the tree holds (`evict_for_alloc` runs to a target and checks it between
+        steps). Elsewhere each step hands SGLang one leaf to delete."""
         done = tracker[FULL]
         try:
             if not self._started:
@@ -305,12 +321,22 @@ class RadixflowFullComponent(FullComponent):
                 if len(self._depths) > 4 * len(self.tree_core._node_arena) + 64:
                     self._depths.clear()  # nodes SGLang deleted on its own paths
                 view = SGLangTreeView(self, depths=self._depths, keys=self._keys)
+                self._view = view
+                self._whole = view.trims and need < self.tree_core.full_evictable_size()
                 self._walk = self._start_walk(view, need)
                 victim = next(self._walk)
             elif self._walk is None:
                 return None
+            elif self._view.trims:
+                victim = self._walk.send(self._sent)
             else:
                 victim = self._walk.send(done - self._mark)  # what deleting the last victim freed
+            if self._view.trims:
+                while True:
+                    self._sent = self._remove(victim, tracker, device_frees, host_frees, cache_actions)
+                    if not self._whole:
+                        return None  # progress made: SGLang drains the frees and asks again
+                    victim = self._walk.send(self._sent)
         except StopIteration:
             self._walk = None
             return None
@@ -319,10 +345,44 @@ class RadixflowFullComponent(FullComponent):
         self._depths.pop(victim.id, None)  # the cache deletes it now
         return victim.id
 
+    def _remove(self, victim, tracker, device_frees, host_frees, cache_actions) -> int:
+        """Removes a victim of the walk in this step: a leaf (SGLang's own deletion) or a `Trim`."""
+        self.victims += 1
+        before = tracker[FULL]
+        if isinstance(victim, Trim):
+            self._trim(victim.node, victim.depth, tracker, device_frees)
+        else:
+            self._depths.pop(victim.id, None)
+            self.tree_core._delete_unbacked_device_leaf(victim, tracker, device_frees, host_frees, cache_actions)
+        return tracker[FULL] - before
+
+    def _trim(self, node, depth: int, tracker, device_frees) -> None:
+        """Shortens leaf `node` in place to end at `depth` tokens: the suffix's slots go to SGLang's
+        frees (drained after this step), the key and value keep the prefix, the evictable ledger
+        loses what was freed. What `_split_node` and the deletion of the suffix would leave (the
+        node keeps its id, recency and leaf order), with neither a new node nor a leaf-set pass."""
+        core = self.tree_core
+        keep = depth - (self._view.depth(node) - len(node.key))
+        cd = node.component_data[FULL]
+        before = self.reclaimable_value_len(node)
+        device_frees[FULL].append(cd.value[keep:])
+        cd.value = cd.value[:keep]
+        node.key = node.key[:keep]
+        freed = before - self.reclaimable_value_len(node)
+        core.component_evictable_size_[FULL] -= freed
+        tracker[FULL] += freed
+        self._depths[node.id] = depth
+        # As after a split and the suffix's deletion: the kept prefix is a leaf from now on (leaf
+        # order), its chain may start at a shorter key, and SGLang's counter sees a fresh node.
+        cd.metadata[LEAF] = self.next_leaf_seq()
+        self._keys.pop(node.id, None)
+        node.last_access_time = get_and_increase_time_counter()
+
     def _evict_device_end(self) -> None:
         if self._walk is not None:
             self._walk.close()
         self._walk = None
+        self._view = None
 
 
 class _Fenwick:
