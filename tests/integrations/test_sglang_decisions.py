@@ -154,3 +154,77 @@ if __name__ == "__main__":  # prints the table to pin (run before a change, neve
     for b in BACKENDS:
         for pg in (16, 1):
             print(f"    ({b!r}, {pg}): {sweep_digest(b, pg)},")
+
+
+# ----------------------------------------------------------------------------- kept orders, in-place cuts
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from radixflow.cache.eviction import DeepestFirst, Rotation  # noqa: E402
+from radixflow.integrations.sglang.backend import SGLangTreeView  # noqa: E402
+
+OPS = st.lists(st.tuples(st.sampled_from(["grow", "grow", "hold", "release", "evict"]), st.integers(0, 5),
+                         st.integers(1, 6)), min_size=16, max_size=40)
+
+
+def _whole_walk_orders(comp, view):
+    """What the whole-tree walks would pick now: rr-tail's lap (`_ring`) and level-tail's deepest."""
+    ring = [leaf for _, leaf in comp.policy._ring(view, comp.policy._page_cursor)
+            if view.is_leaf(leaf) and view.evictable(leaf)]
+    leaves = view.leaves()
+    deepest = None
+    if leaves:
+        d = max(view.depth(n) for n in leaves)
+        tied = [n for n in leaves if view.depth(n) == d]
+        deepest = tied[0] if len(tied) == 1 else max(tied, key=view.trajectory_key)
+    return ring, deepest
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS, page=st.sampled_from([1, 4]), backend=st.sampled_from(["radixflow-rr-tail", "radixflow-level-tail"]))
+def test_kept_orders_equal_whole_tree_walks_and_cuts_keep_integrity(ops, page, backend):
+    """Random requests (6 histories behind a shared prompt: grow = a request that returns and grows,
+    hold / release = a request kept running across later steps, evict = SGLang's evict). After every
+    step the kept orders, fed only by the backend's change feed, give rr-tail's next lap and
+    level-tail's next pick exactly as a walk over the whole tree does; SGLang's sanity check and
+    the pool ledger hold after every in-place cut."""
+    import os
+
+    os.environ["RADIXFLOW_SGLANG_CHUNK_TOKENS"] = str(4 * page)
+    sg = twins.SGLangTwin(backend, 96 * page, page)
+    comp = sg.cache.components[FULL]
+    hist = {h: [7] * (2 * page) + [1000 * (h + 1) + i for i in range(page * (1 + h % 3))] for h in range(6)}
+    held = {}
+    pol = comp.policy
+    for op, h, n in ops:
+        if op == "grow" and h not in held:
+            toks = hist[h]
+            state = sg.start(toks, n * page)
+            hist[h] = toks + [1000 * (h + 1) + len(toks) + i for i in range(n * page)]
+            sg.finish(state, hist[h])
+        elif op == "hold" and h not in held and len(held) < 2:
+            held[h] = sg.start(hist[h], page)
+        elif op == "release" and held:
+            k = sorted(held)[h % len(held)]
+            sg.finish(held.pop(k), hist[k])
+        elif op == "evict":
+            sg.evict(n * page)
+        sg.check()
+        view = SGLangTreeView(comp, depths=comp._depths, keys=comp._keys)
+        changes = view.changes()  # what the next evict call would enter first
+        ring, deepest = _whole_walk_orders(comp, view)
+        if backend == "radixflow-rr-tail":
+            if pol._rotation is None:
+                pol._rotation = Rotation()
+            pol._rotation.enter(view, changes, pol._page_cursor)
+            assert [leaf for _, leaf in pol._rotation.order(view)] == ring
+        else:
+            if pol._deepest is None:
+                pol._deepest = DeepestFirst()
+            pol._deepest.enter(view, changes)
+            assert pol._deepest.deepest(view) is deepest
+    for k, state in held.items():
+        sg.finish(state, hist[k])
+    sg.evict(10**6)
+    sg.check()
+    assert sg.cache.evictable_size() == 0

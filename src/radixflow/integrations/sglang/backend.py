@@ -183,6 +183,20 @@ class SGLangTreeView:
     def tails(self) -> list:
         return self.tails_empty
 
+    def changes(self) -> list:
+        """Leaves whose place in the kept orders may have moved since last asked (`cache/eviction.py`
+        `Rotation`, `DeepestFirst`): nodes that joined SGLang's evictable leaf set (a new leaf, an
+        unlocked one, a parent a deletion exposed), leaves cut in place, leaves whose trajectory key
+        was forgotten. All evictable leaves the first time, and after SGLang replaced its set."""
+        return self.component.drain_changes()
+
+    def leaf_order(self, leaf) -> int:
+        md = leaf.component_data[FULL].metadata
+        seq = md.get(LEAF)
+        if seq is None:
+            seq = md[LEAF] = self.component.next_leaf_seq()
+        return seq
+
     @staticmethod
     def has_tail(snap) -> bool:
         return False
@@ -190,6 +204,19 @@ class SGLangTreeView:
 
 def _first(pair):
     return pair[0]
+
+
+class _LeafSet(set):
+    """SGLang's `evictable_device_leaves`, noting every node that joins it (`fresh`): the feed of
+    the kept orders. SGLang adds to the set in one place (`_update_evictable_leaf_sets`) and
+    replaces it only on `reset`."""
+
+    __slots__ = ("fresh",)
+
+    def add(self, node) -> None:
+        if node not in self:
+            self.fresh[node] = None
+        set.add(self, node)
 
 
 class RadixflowFullComponent(FullComponent):
@@ -208,9 +235,33 @@ class RadixflowFullComponent(FullComponent):
         self._clock = 0  # one tick per access (a lock, an insert): our index's `now`, as a counter
         self._leaf_seq = 0
         self.victims = 0  # leaves handed to the cache (tests read it)
+        self._changed: dict = {}  # leaves to re-order (see SGLangTreeView.changes)
         self._view = None
         self._sent = 0  # what the last victim removed in a step freed (sent to the walk at the next)
         self._whole = False  # this call runs in one step
+
+    # --------------------------------------------------------------- the kept orders' feed
+    def drain_changes(self) -> list:
+        leaves = self.tree_core.evictable_device_leaves
+        if type(leaves) is not _LeafSet:  # first use, or SGLang's reset made a new set
+            wrapped = _LeafSet(leaves)
+            wrapped.fresh = {}
+            self.tree_core.evictable_device_leaves = wrapped
+            for order in ("_rotation", "_deepest"):  # the kept orders start afresh (the cursor stays)
+                if hasattr(self.policy, order):
+                    setattr(self.policy, order, None)
+            self._changed.clear()
+            return sorted(wrapped, key=self._view_order)
+        out = list(leaves.fresh)
+        leaves.fresh.clear()
+        if self._changed:
+            out += self._changed
+            self._changed.clear()
+        return out
+
+    @staticmethod
+    def _view_order(node):
+        return node.component_data[FULL].metadata.get(LEAF, 1 << 62), node.id
 
     # --------------------------------------------------------------- recency, leaf order
     def next_leaf_seq(self) -> int:
@@ -280,6 +331,7 @@ class RadixflowFullComponent(FullComponent):
             (n,) = n.children.values()
         if not n.children:
             self._keys.pop(n.id, None)
+            self._changed[n] = None
 
     def _forget_keys(self, node) -> None:
         """Drops the trajectory keys a change of `node`'s children can change: `node`'s own, and those
@@ -295,6 +347,7 @@ class RadixflowFullComponent(FullComponent):
                 (n,) = n.children.values()
             if not n.children:
                 keys.pop(n.id, None)
+                self._changed[n] = None
 
     def _evict_device_start(self, request_cnt: int) -> None:
         self._request = request_cnt
@@ -376,6 +429,7 @@ class RadixflowFullComponent(FullComponent):
         # order), its chain may start at a shorter key, and SGLang's counter sees a fresh node.
         cd.metadata[LEAF] = self.next_leaf_seq()
         self._keys.pop(node.id, None)
+        self._changed[node] = None  # a new depth, a new leaf order, perhaps a new key
         node.last_access_time = get_and_increase_time_counter()
 
     def _evict_device_end(self) -> None:
