@@ -642,7 +642,10 @@ class FlopAware:
     def page_walk(self, view: TreeView, need: int):
         freed = 0
         while freed < need:
-            cands = [(n, *self._leaf_value(view, n)) for n in view.leaves()]
+            if view.hybrid:
+                cands = [(n, *self._leaf_value(view, n)) for n in view.leaves()]
+            else:
+                cands = self._full_leaf_values(view, view.leaves())
             cands += [(t, *self._snap_value(view, t)) for t in view.tails() if _droppable(t)]
             if not cands:
                 break
@@ -674,13 +677,32 @@ class FlopAware:
         return dropped
 
     # ------------------------------------------------------------------ helpers
+    def _full_leaf_values(self, view: TreeView, leaves: list) -> list[tuple]:
+        """`_leaf_value` of every leaf of a full-attention tree, inline (the same floats: the
+        operations of `ReuseCosts.prefill_flops` in its order)."""
+        c = self.costs
+        per_token = c.flops_per_token + c.recurrent_flops_per_token
+        per_pair, page_bytes = c.flops_per_pair, c.page_bytes
+        depth, num_pages, last_access = view.depth, view.num_pages, view.last_access
+        out = []
+        for leaf in leaves:
+            end = depth(leaf)
+            start = view.start(leaf)
+            k = max(0, end - start)
+            pairs = k * start + k * (k + 1) / 2
+            held = num_pages(leaf) * page_bytes
+            out.append((leaf, (per_token * k + per_pair * pairs) / max(held, 1e-9), last_access(leaf)))
+        return out
+
     def _ranked(self, cands: list[tuple]) -> list:
         """Victims, lowest blended score first. cands: (victim, efficiency, last_access)."""
         n = len(cands)
         if n == 1:
             return [cands[0][0]]
-        by_eff = sorted(range(n), key=lambda i: cands[i][1])
-        by_age = sorted(range(n), key=lambda i: cands[i][2])
+        effs = [c[1] for c in cands]
+        ages = [c[2] for c in cands]
+        by_eff = sorted(range(n), key=effs.__getitem__)
+        by_age = sorted(range(n), key=ages.__getitem__)
         score = [0.0] * n
         w = self.recency_weight
         for r, i in enumerate(by_eff):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
+import torch
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_cache.unified_tree_core import get_and_increase_time_counter
@@ -385,11 +386,16 @@ class RadixflowFullComponent(FullComponent):
             else:
                 victim = self._walk.send(done - self._mark)  # what deleting the last victim freed
             if self._view.trims:
-                while True:
-                    self._sent = self._remove(victim, tracker, device_frees, host_frees, cache_actions)
-                    if not self._whole:
-                        return None  # progress made: SGLang drains the frees and asks again
-                    victim = self._walk.send(self._sent)
+                try:
+                    while True:
+                        self._sent = self._remove(victim, tracker, device_frees, host_frees, cache_actions)
+                        if not self._whole:
+                            return None  # progress made: SGLang drains the frees and asks again
+                        victim = self._walk.send(self._sent)
+                finally:
+                    frees = device_frees[FULL]
+                    if len(frees) > 1:  # one allocator free for the step (page-exact segments stay so)
+                        frees[:] = [torch.cat(frees)]
         except StopIteration:
             self._walk = None
             return None
