@@ -34,13 +34,16 @@ import os
 from types import SimpleNamespace
 
 import torch
-from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType, TreeComponent
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_cache.unified_tree_core import get_and_increase_time_counter
 
 from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail, Trim, cut_to
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
+# The FULL ledger counts value lengths (no component of SGLang 0.5.23's FULL overrides it): a trim
+# frees exactly the tokens it cuts.
+_PLAIN_LEDGER = FullComponent.reclaimable_value_len is TreeComponent.reclaimable_value_len
 ACCESS, LEAF = "rf_access", "rf_leaf"  # keys of the FULL component data's metadata (see above)
 DEFAULT_CHUNK_TOKENS = 64  # rr-tail / level-tail chunk, in tokens (our simulator: 4 pages of 16)
 
@@ -59,6 +62,20 @@ def make_policy(kind: str, page_size: int):
         raise ValueError("RADIXFLOW_SGLANG_CHUNK_TOKENS must be a number of tokens") from None
     pages = max(1, chunk // page_size)
     return (LevelTail if kind == "level-tail" else RoundRobinTail)(chunk_pages=pages)
+
+
+def cut_ahead_factor() -> float:
+    """RADIXFLOW_SGLANG_CUT_AHEAD (default 1: off): rr-tail / level-tail free this multiple of what an
+    evict call asks for, so fewer calls come (it moves cuts earlier: decisions change; docs/eviction.md,
+    "Cost")."""
+    raw = os.environ.get("RADIXFLOW_SGLANG_CUT_AHEAD", "1")
+    try:
+        f = float(raw)
+    except ValueError:
+        f = 0.0
+    if not f >= 1.0:
+        raise ValueError(f"RADIXFLOW_SGLANG_CUT_AHEAD must be a factor >= 1, got {raw!r}")
+    return f
 
 
 class SGLangTreeView:
@@ -240,6 +257,7 @@ class RadixflowFullComponent(FullComponent):
         self._view = None
         self._sent = 0  # what the last victim removed in a step freed (sent to the walk at the next)
         self._whole = False  # this call runs in one step
+        self.cut_ahead = cut_ahead_factor()
 
     # --------------------------------------------------------------- the kept orders' feed
     def drain_changes(self) -> list:
@@ -377,6 +395,8 @@ class RadixflowFullComponent(FullComponent):
                 view = SGLangTreeView(self, depths=self._depths, keys=self._keys)
                 self._view = view
                 self._whole = view.trims and need < self.tree_core.full_evictable_size()
+                if self._whole and self.cut_ahead > 1 and isinstance(self.policy, RoundRobinTail):
+                    need = min(int(need * self.cut_ahead), self.tree_core.full_evictable_size())
                 self._walk = self._start_walk(view, need)
                 victim = next(self._walk)
             elif self._walk is None:
@@ -420,15 +440,16 @@ class RadixflowFullComponent(FullComponent):
         frees (drained after this step), the key and value keep the prefix, the evictable ledger
         loses what was freed. What `_split_node` and the deletion of the suffix would leave (the
         node keeps its id, recency and leaf order), with neither a new node nor a leaf-set pass."""
-        core = self.tree_core
-        keep = depth - (self._view.depth(node) - len(node.key))
+        key = node.key
+        keep = depth - self._view.depth(node) + len(key)
         cd = node.component_data[FULL]
-        before = self.reclaimable_value_len(node)
-        device_frees[FULL].append(cd.value[keep:])
-        cd.value = cd.value[:keep]
-        node.key = node.key[:keep]
-        freed = before - self.reclaimable_value_len(node)
-        core.component_evictable_size_[FULL] -= freed
+        value = cd.value
+        before = value.shape[0] if _PLAIN_LEDGER else self.reclaimable_value_len(node)
+        device_frees[FULL].append(value[keep:])
+        cd.value = value[:keep]
+        node.key = key[:keep]
+        freed = before - (keep if _PLAIN_LEDGER else self.reclaimable_value_len(node))
+        self.tree_core.component_evictable_size_[FULL] -= freed
         tracker[FULL] += freed
         self._depths[node.id] = depth
         # As after a split and the suffix's deletion: the kept prefix is a leaf from now on (leaf
