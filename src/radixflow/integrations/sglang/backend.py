@@ -45,6 +45,7 @@ FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 # frees exactly the tokens it cuts.
 _PLAIN_LEDGER = FullComponent.reclaimable_value_len is TreeComponent.reclaimable_value_len
 ACCESS, LEAF = "rf_access", "rf_leaf"  # keys of the FULL component data's metadata (see above)
+KEY_TOKENS = 8  # first tokens of a chain in its trajectory key (as cache/eviction._trajectory_key)
 DEFAULT_CHUNK_TOKENS = 64  # rr-tail / level-tail chunk, in tokens (our simulator: 4 pages of 16)
 
 
@@ -190,7 +191,7 @@ class SGLangTreeView:
         key = node.key
         extra = key.extra_key
         return ("" if extra is None else str(extra), self.depth(up) if up is not root else 0,
-                tuple(key.token_ids[:8]))
+                tuple(key.token_ids[:KEY_TOKENS]))
 
     def split(self, node, depth: int) -> None:
         keep_above = depth - self.start(node)
@@ -455,7 +456,9 @@ class RadixflowFullComponent(FullComponent):
         # As after a split and the suffix's deletion: the kept prefix is a leaf from now on (leaf
         # order), its chain may start at a shorter key, and SGLang's counter sees a fresh node.
         cd.metadata[LEAF] = self.next_leaf_seq()
-        self._keys.pop(node.id, None)
+        up = node.parent
+        if keep < KEY_TOKENS and (up is self.tree_core.root_node or len(up.children) != 1):
+            self._keys.pop(node.id, None)  # its chain starts here: the key's first tokens were cut
         self._changed[node] = None  # a new depth, a new leaf order, perhaps a new key
         node.last_access_time = get_and_increase_time_counter()
 
