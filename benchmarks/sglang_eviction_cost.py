@@ -29,6 +29,11 @@ def _x(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
 
+def _span(rows: list, k: int) -> str:
+    v = [x for x, _, kk in rows if kk == k]
+    return f"{min(v):.2f}–{max(v):.2f}"
+
+
 def run(indices: list[int], repeats: int, scales: list[int]) -> None:
     t0 = time.perf_counter()
     cfgs = sweep_configs()
@@ -72,18 +77,14 @@ def run(indices: list[int], repeats: int, scales: list[int]) -> None:
         if b == "lru":
             continue
         r = ratios[b]
-        parts = []
-        for k in scales:
-            def rng(name, k=k):
-                v = [x for x, _, kk in r[name] if kk == k]
-                return f"{min(v):.2f}–{max(v):.2f}"
-            parts.append(f"{k}x: per call {rng('call_py')} × lru@py ({rng('call_rs')} × lru), "
-                         f"total {rng('total_py')} × lru@py ({rng('total_rs')} × lru)")
+        parts = [f"{k}x: per call {_span(r['call_py'], k)} × lru@py ({_span(r['call_rs'], k)} × lru), "
+                 f"total {_span(r['total_py'], k)} × lru@py ({_span(r['total_rs'], k)} × lru)" for k in scales]
         ok_py = sum(1 for (c, _, _), (t, _, _) in zip(r["call_py"], r["total_py"]) if c <= 2 and t <= 3)
         ok_rs = sum(1 for (c, _, _), (t, _, _) in zip(r["call_rs"], r["total_rs"]) if c <= 2 and t <= 3)
         n = len(r["call_py"])
-        print(f"{b}: " + "; ".join(parts) + f"; request path median {statistics.median(x for x, _, _ in r['req_rs']):.2f}"
-              f" × lru; within 2x per call and 3x in all on {ok_py} of {n} (vs lru@py), {ok_rs} of {n} (vs lru)")
+        req = statistics.median(x for x, _, _ in r["req_rs"])
+        print(f"{b}: " + "; ".join(parts) + f"; request path median {req:.2f} × lru; within 2x per call and 3x "
+              f"in all on {ok_py} of {n} (vs lru@py), {ok_rs} of {n} (vs lru)")
     print(f"wall {time.perf_counter() - t0:.0f} s")
 
 

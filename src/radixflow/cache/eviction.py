@@ -398,7 +398,6 @@ class LevelTail(RoundRobinTail):
                 break
             freed += got
 
-
     def _kept_walk(self, view: TreeView, need: int, changes: list):
         """`page_walk` over the depth order kept across calls (`DeepestFirst`): the same picks."""
         order = self._deepest

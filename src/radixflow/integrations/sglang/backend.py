@@ -5,9 +5,14 @@ SGLang's `UnifiedRadixCache` evicts FULL (device KV) through its FULL component:
 (`evict_device_leaf`, which also frees the node's Mamba and SWA values and fixes the ledgers and leaf
 sets). `RadixflowFullComponent` keeps all of SGLang's FULL component (locks, match, split, frees) and
 replaces only that choice: it runs our policy's page walk (`cache/eviction.py`, the same generator
-our own `RadixIndex` runs) over `SGLangTreeView`, a read-only view of SGLang's nodes. A tail cut
-splits the leaf with SGLang's own `_split_node` (the node keeps the tail, which becomes the victim),
-so what SGLang deletes is always a whole node and its bookkeeping stays SGLang's.
+our own `RadixIndex` runs) over `SGLangTreeView`, a read-only view of SGLang's nodes. On a FULL-only
+device tree the component removes the victims itself in one SGLang step per evict call: whole leaves
+through SGLang's own `_delete_unbacked_device_leaf`, the last one of a cut shortened in place (`_trim`:
+key and value cut, the suffix's slots freed, the ledger moved). Elsewhere (Mamba, SWA) a tail cut
+splits the leaf with SGLang's own `_split_node` (the node keeps the tail, which becomes the victim)
+and SGLang deletes it. rr-tail's rotation and level-tail's depth order are kept across calls
+(`cache/eviction.py` `Rotation`, `DeepestFirst`), fed by `changes()`: nodes joining SGLang's
+evictable leaf set (`_LeafSet`), leaves trimmed, trajectory keys forgotten.
 
 - Locks: a node with any component `lock_ref` (a running or in-flight request holds it) is not
   evictable in the view, and no cut passes it.
