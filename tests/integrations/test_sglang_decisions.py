@@ -228,3 +228,41 @@ def test_kept_orders_equal_whole_tree_walks_and_cuts_keep_integrity(ops, page, b
     sg.evict(10**6)
     sg.check()
     assert sg.cache.evictable_size() == 0
+
+
+def test_a_cut_shortens_the_leaf_in_place():
+    """FULL-only: a chunk cut from a lone 256-token history keeps its node (no split), with key and
+    value cut to 240 tokens, the 16 slots back in the allocator and the ledger moved."""
+    sg = twins.SGLangTwin("radixflow-rr-tail", 1024, 4)
+    toks = list(range(1, 257))
+    state = sg.start(toks, 0)
+    sg.finish(state, toks)
+    core = sg.cache.tree_core
+    (leaf,) = core.evictable_device_leaves
+    nodes, free = len(core._node_arena), sg.alloc.available_size()
+    assert sg.evict(8) == 16
+    assert core._node_arena.get(leaf.id) is leaf and len(core._node_arena) == nodes
+    assert len(leaf.key) == len(leaf.component_data[FULL].value) == 240
+    assert sg.alloc.available_size() == free + 16 and core.evictable_size() == 240
+    sg.check()
+    assert sg.kept(toks) == 240
+
+
+def test_evict_for_alloc_stops_at_its_target_not_at_its_quota():
+    """SGLang's allocator path (`evict_for_alloc`) hands the walk the whole evictable size as its quota
+    and stops at the allocation's target between steps: the backend cuts one victim per step there,
+    so it frees the target (within one chunk), not the tree."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    for backend in ("radixflow-rr-tail", "radixflow-level-tail", "radixflow-flop-aware"):
+        sg = twins.SGLangTwin(backend, 1024, 4)
+        for h in range(4):
+            toks = [7] * 16 + [1000 * (h + 1) + i for i in range(128)]
+            state = sg.start(toks, 0)
+            sg.finish(state, toks)
+        before, held = sg.alloc.available_size(), sg.cache.evictable_size()
+        sg.cache.evict_for_alloc(EvictParams(num_tokens=20))
+        freed = sg.alloc.available_size() - before
+        assert 20 <= freed <= 20 + 128, (backend, freed)
+        assert sg.cache.evictable_size() == held - freed
+        sg.check()
