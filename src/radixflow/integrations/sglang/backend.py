@@ -317,6 +317,19 @@ class RadixflowFullComponent(FullComponent):
                 parent.component_data[FULL].metadata.pop(LEAF, None)  # not a leaf any more
                 self._children_changed(parent, len(parent.children), node, added=True)
         self._stamp_path(node)  # our `insert(..., now)` then `touch(node, now)`
+        self._bound_feed()
+
+    def _bound_feed(self) -> None:
+        """The feed is drained by the kept orders' walks only (not by flop-aware's, nor while the
+        adaptive backend runs lru): past twice the tree's nodes it is dropped, and the next walk enters
+        every leaf afresh (the same orders: they are the whole walks' by construction)."""
+        limit = 2 * len(self.tree_core._node_arena) + 64
+        leaves = self.tree_core.evictable_device_leaves
+        wrapped = type(leaves) is _LeafSet
+        if len(self._changed) > limit or (wrapped and len(leaves.fresh) > limit):
+            self._changed.clear()
+            if wrapped:
+                self.tree_core.evictable_device_leaves = set(leaves)
 
     def redistribute_on_node_split(self, new_parent, child) -> None:
         super().redistribute_on_node_split(new_parent, child)
