@@ -266,3 +266,4 @@ def test_evict_for_alloc_stops_at_its_target_not_at_its_quota():
         assert 20 <= freed <= 20 + 128, (backend, freed)
         assert sg.cache.evictable_size() == held - freed
         sg.check()
+

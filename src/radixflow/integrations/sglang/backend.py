@@ -320,9 +320,10 @@ class RadixflowFullComponent(FullComponent):
         self._bound_feed()
 
     def _bound_feed(self) -> None:
-        """The feed is drained by the kept orders' walks only (not by flop-aware's, nor while the
-        adaptive backend runs lru): past twice the tree's nodes it is dropped, and the next walk enters
-        every leaf afresh (the same orders: they are the whole walks' by construction)."""
+        """The feed is drained only by FULL evict calls of rr-tail and level-tail: where they do not
+        come (pressure on Mamba slots alone, whose own eviction deletes nodes) it would keep dead
+        nodes, so past twice the tree's nodes it is dropped, and the next walk enters every leaf
+        afresh (the same orders: they are the whole walks' by construction)."""
         limit = 2 * len(self.tree_core._node_arena) + 64
         leaves = self.tree_core.evictable_device_leaves
         wrapped = type(leaves) is _LeafSet
