@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from radixflow.cache.node import Node, Snapshot
 from radixflow.cache.pool import IdPool
@@ -65,6 +65,7 @@ class TreeView(Protocol):
 
     unit: int  # tokens per page: the chunk granularity
     hybrid: bool  # recurrent states: a cut ends on a node holding one
+    trims: bool  # the tree shortens a leaf in place (`Trim`) instead of a `split` and a removal
 
     def leaves(self) -> list: ...  # evictable leaves, in a stable order
 
@@ -98,11 +99,16 @@ class TreeView(Protocol):
 
     def has_tail(self, snap) -> bool: ...
 
+    def changes(self) -> list | None: ...  # leaves to (re)order since last asked; None: no feed (whole walks)
+
+    def leaf_order(self, leaf) -> int: ...  # position in the order leaves appeared (only with a feed)
+
 
 class IndexView:
     """`TreeView` over our `RadixIndex`."""
 
     __slots__ = ("index", "unit", "hybrid")
+    trims = False
 
     def __init__(self, index: IndexInternals) -> None:
         self.index = index
@@ -167,6 +173,10 @@ class IndexView:
 
     def has_tail(self, snap: Snapshot) -> bool:
         return snap in self.index._tails
+
+    @staticmethod
+    def changes() -> None:
+        return None  # our index's walks take the leaves whole (`_ring`, `view.leaves()`)
 
     def remove(self, victim) -> int:
         """Removes a victim a walk yielded: a leaf (its pages) or a tail snapshot (one page)."""
@@ -251,6 +261,7 @@ class RoundRobinTail:
     name: str = "rr-tail"
     _page_cursor: tuple | None = field(default=None, repr=False)
     _snap_cursor: tuple | None = field(default=None, repr=False)
+    _rotation: Rotation | None = field(default=None, repr=False)  # views with a change feed only
 
     def __post_init__(self) -> None:
         if self.chunk_pages < 1:
@@ -262,6 +273,10 @@ class RoundRobinTail:
 
     def page_walk(self, view: TreeView, need: int):
         """Yields the victims of the rotation until `need` is freed (sent back per victim)."""
+        changes = view.changes()
+        if changes is not None:
+            yield from self._kept_walk(view, need, changes)
+            return
         freed = 0
         while freed < need:
             progressed = False
@@ -276,6 +291,34 @@ class RoundRobinTail:
                 freed += got
                 if freed >= need:
                     break
+            if not progressed:
+                break
+
+    def _kept_walk(self, view: TreeView, need: int, changes: list):
+        """`page_walk` over the rotation kept across calls (`Rotation`): the same laps, in the same
+        order, without sorting the leaves."""
+        rot = self._rotation
+        if rot is None:
+            rot = self._rotation = Rotation()
+        rot.enter(view, changes, self._page_cursor)
+        freed = 0
+        while freed < need:
+            progressed = False
+            try:
+                for key, leaf in rot.lap():
+                    if not view.is_leaf(leaf) or not view.evictable(leaf):
+                        rot.drop(leaf)
+                        continue
+                    self._page_cursor = key  # before the cut: a driver may stop the walk inside it
+                    got = 0
+                    for victim in self._cut_steps(view, leaf):
+                        got += yield victim
+                    progressed |= got > 0
+                    freed += got
+                    if freed >= need:
+                        break
+            finally:
+                rot.close_lap(view, self._page_cursor)
             if not progressed:
                 break
 
@@ -333,7 +376,13 @@ class LevelTail(RoundRobinTail):
 
     name: str = "level-tail"
 
+    _deepest: DeepestFirst | None = field(default=None, repr=False)  # views with a change feed only
+
     def page_walk(self, view: TreeView, need: int):
+        changes = view.changes()
+        if changes is not None:
+            yield from self._kept_walk(view, need, changes)
+            return
         freed = 0
         while freed < need:
             leaves = view.leaves()
@@ -349,6 +398,146 @@ class LevelTail(RoundRobinTail):
                 break
             freed += got
 
+    def _kept_walk(self, view: TreeView, need: int, changes: list):
+        """`page_walk` over the depth order kept across calls (`DeepestFirst`): the same picks."""
+        order = self._deepest
+        if order is None:
+            order = self._deepest = DeepestFirst()
+        freed = 0
+        while freed < need:
+            order.enter(view, view.changes() if changes is None else changes)
+            changes = None  # what this cut changes is drained at the next pick (or the next call)
+            pick = order.deepest(view)
+            if pick is None:
+                break
+            got = 0
+            for victim in self._cut_steps(view, pick):
+                got += yield victim
+            if not got:
+                break
+            freed += got
+
+
+# ----------------------------------------------------------------------------- orders kept across calls
+class Rotation:
+    """rr-tail's circle kept across calls, for a view that reports which leaves changed.
+
+    `_ring` sorts the evictable leaves by (trajectory key, leaf order) at the start of each lap and
+    walks them from just after the cursor key, wrapping once. Here the live entries (key, leaf order,
+    leaf) sit in two heaps split at the cursor key: `ahead` (key > cursor) and `behind` (key <=
+    cursor, ties of the cursor included, as `bisect_right` puts them). A lap pops `ahead` then
+    `behind`: the same order. What a lap changes (a cut leaf, a leaf it exposes, a key it moves) is
+    only entered when the lap closes, as `_ring` only sees it at the next lap; the visited entries go
+    back split at the new cursor. A lap costs O(v log L) for v entries visited, not O(L log L)."""
+
+    __slots__ = ("ahead", "behind", "entry", "visited", "_uid", "_phase")
+
+    def __init__(self) -> None:
+        self.ahead: list = []
+        self.behind: list = []
+        self.entry: dict = {}  # leaf -> its live entry (an older one in a heap is stale)
+        self.visited: list = []
+        self._uid = 0
+        self._phase = 0  # 0: popping `ahead`, 1: `behind`
+
+    def enter(self, view: TreeView, leaves, cursor) -> None:
+        """(Re-)enters `leaves` (evictable leaves get an entry at their current key, others lose it)."""
+        for leaf in leaves:
+            if view.is_leaf(leaf) and view.evictable(leaf):
+                self._uid += 1
+                e = (view.trajectory_key(leaf), view.leaf_order(leaf), self._uid, leaf)
+                self.entry[leaf] = e
+                heapq.heappush(self.ahead if cursor is None or e[0] > cursor else self.behind, e)
+            else:
+                self.entry.pop(leaf, None)
+
+    def drop(self, leaf) -> None:
+        self.entry.pop(leaf, None)
+
+    def lap(self):
+        """(key, leaf) of every live entry, from just after the cursor, once around."""
+        self.visited = []
+        entry = self.entry
+        for phase, heap in enumerate((self.ahead, self.behind)):
+            self._phase = phase
+            while heap:
+                e = heapq.heappop(heap)
+                if entry.get(e[3]) is not e:
+                    continue  # superseded or dropped
+                self.visited.append(e)
+                yield e[0], e[3]
+
+    def close_lap(self, view: TreeView, cursor) -> None:
+        """Splits what is left and what was visited at the new cursor, then enters what changed."""
+        if self._phase == 1:  # wrapped: what is left of `behind` lies after the cursor
+            self.ahead, self.behind = self.behind, []
+        ahead, behind = self.ahead, self.behind
+        while ahead and cursor is not None and ahead[0][0] <= cursor:
+            heapq.heappush(behind, heapq.heappop(ahead))  # ties of the cursor key come last
+        entry = self.entry
+        for e in self.visited:
+            if entry.get(e[3]) is e:
+                heapq.heappush(ahead if cursor is None or e[0] > cursor else behind, e)
+        self.visited = []
+        self._phase = 0
+        self.enter(view, view.changes() or (), cursor)
+
+    def order(self, view: TreeView) -> list:
+        """(key, leaf) of the next lap, in order, less what it would skip (tests)."""
+        entry = self.entry
+        return [(e[0], e[3]) for heap in (self.ahead, self.behind) for e in sorted(heap)
+                if entry.get(e[3]) is e and view.is_leaf(e[3]) and view.evictable(e[3])]
+
+
+class _Rev:
+    """Reverses a key's order in a min-heap (level-tail takes the largest key among the deepest)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key) -> None:
+        self.key = key
+
+    def __lt__(self, other: _Rev) -> bool:
+        return other.key < self.key
+
+    def __eq__(self, other) -> bool:
+        return self.key == other.key
+
+
+class DeepestFirst:
+    """level-tail's pick kept across calls: a heap of (-depth, reversed key, leaf order) over the
+    evictable leaves, for a view that reports which leaves changed (a cut leaf's depth, a new leaf, a
+    moved key). `deepest` is `max` by depth, then by key, the first in leaf order among equals."""
+
+    __slots__ = ("heap", "entry", "_uid")
+
+    def __init__(self) -> None:
+        self.heap: list = []
+        self.entry: dict = {}
+        self._uid = 0
+
+    def enter(self, view: TreeView, leaves) -> None:
+        for leaf in leaves:
+            if view.is_leaf(leaf) and view.evictable(leaf):
+                self._uid += 1
+                e = (-view.depth(leaf), _Rev(view.trajectory_key(leaf)), view.leaf_order(leaf), self._uid, leaf)
+                self.entry[leaf] = e
+                heapq.heappush(self.heap, e)
+            else:
+                self.entry.pop(leaf, None)
+
+    def deepest(self, view: TreeView):
+        heap, entry = self.heap, self.entry
+        while heap:
+            e = heap[0]
+            leaf = e[4]
+            if entry.get(leaf) is e and view.is_leaf(leaf) and view.evictable(leaf):
+                return leaf
+            heapq.heappop(heap)
+            if entry.get(leaf) is e:
+                del entry[leaf]
+        return None
+
 
 def _trajectory_key(leaf: Node) -> tuple:
     """A key that stays the same while a trajectory is cut: where its unshared chain starts.
@@ -361,10 +550,18 @@ def _trajectory_key(leaf: Node) -> tuple:
     return (node.namespace, node.start, node.key[: 8])
 
 
+class Trim(NamedTuple):
+    """A victim that is the end of a leaf: the tree shortens `node` in place to end at `depth` tokens
+    (what a `split` and the removal of the suffix would leave, without the new node)."""
+
+    node: object
+    depth: int
+
+
 def cut_to(view: TreeView, leaf, target: int):
     """Victims that shorten `leaf`'s trajectory to `target` tokens (on a hybrid tree, to the deepest
-    state at or above it), one leaf at a time, splitting the last one; stops at a shared or locked
-    node."""
+    state at or above it), one leaf at a time, splitting the last one (or, where the view `trims`,
+    yielding a `Trim` of it); stops at a shared or locked node."""
     if view.hybrid:
         target = _state_at_or_above(view, leaf, target)
     node = leaf
@@ -376,6 +573,9 @@ def cut_to(view: TreeView, leaf, target: int):
             yield node
             node = parent
             continue
+        if view.trims:
+            yield Trim(node, target)
+            return
         view.split(node, target)  # `node` keeps the tail
         yield node
         return
@@ -441,7 +641,10 @@ class FlopAware:
     def page_walk(self, view: TreeView, need: int):
         freed = 0
         while freed < need:
-            cands = [(n, *self._leaf_value(view, n)) for n in view.leaves()]
+            if view.hybrid:
+                cands = [(n, *self._leaf_value(view, n)) for n in view.leaves()]
+            else:
+                cands = self._full_leaf_values(view, view.leaves())
             cands += [(t, *self._snap_value(view, t)) for t in view.tails() if _droppable(t)]
             if not cands:
                 break
@@ -473,13 +676,32 @@ class FlopAware:
         return dropped
 
     # ------------------------------------------------------------------ helpers
+    def _full_leaf_values(self, view: TreeView, leaves: list) -> list[tuple]:
+        """`_leaf_value` of every leaf of a full-attention tree, inline (the same floats: the
+        operations of `ReuseCosts.prefill_flops` in its order)."""
+        c = self.costs
+        per_token = c.flops_per_token + c.recurrent_flops_per_token
+        per_pair, page_bytes = c.flops_per_pair, c.page_bytes
+        depth, num_pages, last_access = view.depth, view.num_pages, view.last_access
+        out = []
+        for leaf in leaves:
+            end = depth(leaf)
+            start = view.start(leaf)
+            k = max(0, end - start)
+            pairs = k * start + k * (k + 1) / 2
+            held = num_pages(leaf) * page_bytes
+            out.append((leaf, (per_token * k + per_pair * pairs) / max(held, 1e-9), last_access(leaf)))
+        return out
+
     def _ranked(self, cands: list[tuple]) -> list:
         """Victims, lowest blended score first. cands: (victim, efficiency, last_access)."""
         n = len(cands)
         if n == 1:
             return [cands[0][0]]
-        by_eff = sorted(range(n), key=lambda i: cands[i][1])
-        by_age = sorted(range(n), key=lambda i: cands[i][2])
+        effs = [c[1] for c in cands]
+        ages = [c[2] for c in cands]
+        by_eff = sorted(range(n), key=effs.__getitem__)
+        by_age = sorted(range(n), key=ages.__getitem__)
         score = [0.0] * n
         w = self.recency_weight
         for r, i in enumerate(by_eff):

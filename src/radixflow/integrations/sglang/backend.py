@@ -5,9 +5,14 @@ SGLang's `UnifiedRadixCache` evicts FULL (device KV) through its FULL component:
 (`evict_device_leaf`, which also frees the node's Mamba and SWA values and fixes the ledgers and leaf
 sets). `RadixflowFullComponent` keeps all of SGLang's FULL component (locks, match, split, frees) and
 replaces only that choice: it runs our policy's page walk (`cache/eviction.py`, the same generator
-our own `RadixIndex` runs) over `SGLangTreeView`, a read-only view of SGLang's nodes. A tail cut
-splits the leaf with SGLang's own `_split_node` (the node keeps the tail, which becomes the victim),
-so what SGLang deletes is always a whole node and its bookkeeping stays SGLang's.
+our own `RadixIndex` runs) over `SGLangTreeView`, a read-only view of SGLang's nodes. On a FULL-only
+device tree the component removes the victims itself in one SGLang step per evict call: whole leaves
+through SGLang's own `_delete_unbacked_device_leaf`, the last one of a cut shortened in place (`_trim`:
+key and value cut, the suffix's slots freed, the ledger moved). Elsewhere (Mamba, SWA) a tail cut
+splits the leaf with SGLang's own `_split_node` (the node keeps the tail, which becomes the victim)
+and SGLang deletes it. rr-tail's rotation and level-tail's depth order are kept across calls
+(`cache/eviction.py` `Rotation`, `DeepestFirst`), fed by `changes()`: nodes joining SGLang's
+evictable leaf set (`_LeafSet`), leaves trimmed, trajectory keys forgotten.
 
 - Locks: a node with any component `lock_ref` (a running or in-flight request holds it) is not
   evictable in the view, and no cut passes it.
@@ -33,13 +38,19 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
-from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+import torch
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType, TreeComponent
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
+from sglang.srt.mem_cache.unified_cache.unified_tree_core import get_and_increase_time_counter
 
-from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail, cut_to
+from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail, Trim, cut_to
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
+# The FULL ledger counts value lengths (no component of SGLang 0.5.23's FULL overrides it): a trim
+# frees exactly the tokens it cuts.
+_PLAIN_LEDGER = FullComponent.reclaimable_value_len is TreeComponent.reclaimable_value_len
 ACCESS, LEAF = "rf_access", "rf_leaf"  # keys of the FULL component data's metadata (see above)
+KEY_TOKENS = 8  # first tokens of a chain in its trajectory key (as cache/eviction._trajectory_key)
 DEFAULT_CHUNK_TOKENS = 64  # rr-tail / level-tail chunk, in tokens (our simulator: 4 pages of 16)
 
 
@@ -59,6 +70,20 @@ def make_policy(kind: str, page_size: int):
     return (LevelTail if kind == "level-tail" else RoundRobinTail)(chunk_pages=pages)
 
 
+def cut_ahead_factor() -> float:
+    """RADIXFLOW_SGLANG_CUT_AHEAD (default 1: off): rr-tail / level-tail free this multiple of what an
+    evict call asks for, so fewer calls come (it moves cuts earlier: decisions change; docs/eviction.md,
+    "Cost")."""
+    raw = os.environ.get("RADIXFLOW_SGLANG_CUT_AHEAD", "1")
+    try:
+        f = float(raw)
+    except ValueError:
+        f = 0.0
+    if not f >= 1.0:
+        raise ValueError(f"RADIXFLOW_SGLANG_CUT_AHEAD must be a factor >= 1, got {raw!r}")
+    return f
+
+
 class SGLangTreeView:
     """`cache/eviction.TreeView` over SGLang's `UnifiedTreeCore` (Python core). Built per eviction
     walk. Depths are memoised by node id (`depths`, kept by the component across walks): a node's end
@@ -71,6 +96,12 @@ class SGLangTreeView:
         self.core = component.tree_core
         self.unit = self.core.page_size
         self.hybrid = MAMBA in self.core.components_by_type
+        core = self.core
+        # In-place cuts on FULL-only device trees: no SWA / Mamba values to redistribute, no host copies,
+        # no per-page hashes or KV events to keep, no T-LRU depths (see RadixflowFullComponent._trim).
+        self.trims = (set(core.components_by_type) == {FULL} and not core.is_write_back
+                      and not core.tlru_bookkeeping and not core.enable_storage
+                      and not getattr(core.kv_events, "enabled", False))
         self._depth: dict[int, int] = {} if depths is None else depths
         self._keys: dict[int, tuple] = {} if keys is None else keys  # trajectory keys by leaf id
 
@@ -165,7 +196,7 @@ class SGLangTreeView:
         key = node.key
         extra = key.extra_key
         return ("" if extra is None else str(extra), self.depth(up) if up is not root else 0,
-                tuple(key.token_ids[:8]))
+                tuple(key.token_ids[:KEY_TOKENS]))
 
     def split(self, node, depth: int) -> None:
         keep_above = depth - self.start(node)
@@ -176,6 +207,20 @@ class SGLangTreeView:
     def tails(self) -> list:
         return self.tails_empty
 
+    def changes(self) -> list:
+        """Leaves whose place in the kept orders may have moved since last asked (`cache/eviction.py`
+        `Rotation`, `DeepestFirst`): nodes that joined SGLang's evictable leaf set (a new leaf, an
+        unlocked one, a parent a deletion exposed), leaves cut in place, leaves whose trajectory key
+        was forgotten. All evictable leaves the first time, and after SGLang replaced its set."""
+        return self.component.drain_changes()
+
+    def leaf_order(self, leaf) -> int:
+        md = leaf.component_data[FULL].metadata
+        seq = md.get(LEAF)
+        if seq is None:
+            seq = md[LEAF] = self.component.next_leaf_seq()
+        return seq
+
     @staticmethod
     def has_tail(snap) -> bool:
         return False
@@ -183,6 +228,19 @@ class SGLangTreeView:
 
 def _first(pair):
     return pair[0]
+
+
+class _LeafSet(set):
+    """SGLang's `evictable_device_leaves`, noting every node that joins it (`fresh`): the feed of
+    the kept orders. SGLang adds to the set in one place (`_update_evictable_leaf_sets`) and
+    replaces it only on `reset`."""
+
+    __slots__ = ("fresh",)
+
+    def add(self, node) -> None:
+        if node not in self:
+            self.fresh[node] = None
+        set.add(self, node)
 
 
 class RadixflowFullComponent(FullComponent):
@@ -201,6 +259,34 @@ class RadixflowFullComponent(FullComponent):
         self._clock = 0  # one tick per access (a lock, an insert): our index's `now`, as a counter
         self._leaf_seq = 0
         self.victims = 0  # leaves handed to the cache (tests read it)
+        self._changed: dict = {}  # leaves to re-order (see SGLangTreeView.changes)
+        self._view = None
+        self._sent = 0  # what the last victim removed in a step freed (sent to the walk at the next)
+        self._whole = False  # this call runs in one step
+        self.cut_ahead = cut_ahead_factor()
+
+    # --------------------------------------------------------------- the kept orders' feed
+    def drain_changes(self) -> list:
+        leaves = self.tree_core.evictable_device_leaves
+        if type(leaves) is not _LeafSet:  # first use, or SGLang's reset made a new set
+            wrapped = _LeafSet(leaves)
+            wrapped.fresh = {}
+            self.tree_core.evictable_device_leaves = wrapped
+            for order in ("_rotation", "_deepest"):  # the kept orders start afresh (the cursor stays)
+                if hasattr(self.policy, order):
+                    setattr(self.policy, order, None)
+            self._changed.clear()
+            return sorted(wrapped, key=self._view_order)
+        out = list(leaves.fresh)
+        leaves.fresh.clear()
+        if self._changed:
+            out += self._changed
+            self._changed.clear()
+        return out
+
+    @staticmethod
+    def _view_order(node):
+        return node.component_data[FULL].metadata.get(LEAF, 1 << 62), node.id
 
     # --------------------------------------------------------------- recency, leaf order
     def next_leaf_seq(self) -> int:
@@ -231,6 +317,20 @@ class RadixflowFullComponent(FullComponent):
                 parent.component_data[FULL].metadata.pop(LEAF, None)  # not a leaf any more
                 self._children_changed(parent, len(parent.children), node, added=True)
         self._stamp_path(node)  # our `insert(..., now)` then `touch(node, now)`
+        self._bound_feed()
+
+    def _bound_feed(self) -> None:
+        """The feed is drained only by FULL evict calls of rr-tail and level-tail: where they do not
+        come (pressure on Mamba slots alone, whose own eviction deletes nodes) it would keep dead
+        nodes, so past twice the tree's nodes it is dropped, and the next walk enters every leaf
+        afresh (the same orders: they are the whole walks' by construction)."""
+        limit = 2 * len(self.tree_core._node_arena) + 64
+        leaves = self.tree_core.evictable_device_leaves
+        wrapped = type(leaves) is _LeafSet
+        if len(self._changed) > limit or (wrapped and len(leaves.fresh) > limit):
+            self._changed.clear()
+            if wrapped:
+                self.tree_core.evictable_device_leaves = set(leaves)
 
     def redistribute_on_node_split(self, new_parent, child) -> None:
         super().redistribute_on_node_split(new_parent, child)
@@ -270,6 +370,7 @@ class RadixflowFullComponent(FullComponent):
             (n,) = n.children.values()
         if not n.children:
             self._keys.pop(n.id, None)
+            self._changed[n] = None
 
     def _forget_keys(self, node) -> None:
         """Drops the trajectory keys a change of `node`'s children can change: `node`'s own, and those
@@ -285,16 +386,23 @@ class RadixflowFullComponent(FullComponent):
                 (n,) = n.children.values()
             if not n.children:
                 keys.pop(n.id, None)
+                self._changed[n] = None
 
     def _evict_device_start(self, request_cnt: int) -> None:
         self._request = request_cnt
         self._walk = None
         self._started = False
+        self._sent = 0
 
     def _start_walk(self, view, need: int):
         return self.policy.page_walk(view, need)
 
     def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
+        """One SGLang step. On a tree that `trims` the component removes its victims itself (whole
+        leaves through SGLang's own `_delete_unbacked_device_leaf`, the last one shortened in place),
+        the whole call in one step when SGLang asked for a count; one victim per step when it asked
+        for more than the tree holds (`evict_for_alloc` runs to a target and checks it between
+        steps). Elsewhere each step hands SGLang one leaf to delete."""
         done = tracker[FULL]
         try:
             if not self._started:
@@ -305,12 +413,29 @@ class RadixflowFullComponent(FullComponent):
                 if len(self._depths) > 4 * len(self.tree_core._node_arena) + 64:
                     self._depths.clear()  # nodes SGLang deleted on its own paths
                 view = SGLangTreeView(self, depths=self._depths, keys=self._keys)
+                self._view = view
+                self._whole = view.trims and need < self.tree_core.full_evictable_size()
+                if self._whole and self.cut_ahead > 1 and isinstance(self.policy, RoundRobinTail):
+                    need = min(int(need * self.cut_ahead), self.tree_core.full_evictable_size())
                 self._walk = self._start_walk(view, need)
                 victim = next(self._walk)
             elif self._walk is None:
                 return None
+            elif self._view.trims:
+                victim = self._walk.send(self._sent)
             else:
                 victim = self._walk.send(done - self._mark)  # what deleting the last victim freed
+            if self._view.trims:
+                try:
+                    while True:
+                        self._sent = self._remove(victim, tracker, device_frees, host_frees, cache_actions)
+                        if not self._whole:
+                            return None  # progress made: SGLang drains the frees and asks again
+                        victim = self._walk.send(self._sent)
+                finally:
+                    frees = device_frees[FULL]
+                    if len(frees) > 1:  # one allocator free for the step (page-exact segments stay so)
+                        frees[:] = [torch.cat(frees)]
         except StopIteration:
             self._walk = None
             return None
@@ -319,10 +444,48 @@ class RadixflowFullComponent(FullComponent):
         self._depths.pop(victim.id, None)  # the cache deletes it now
         return victim.id
 
+    def _remove(self, victim, tracker, device_frees, host_frees, cache_actions) -> int:
+        """Removes a victim of the walk in this step: a leaf (SGLang's own deletion) or a `Trim`."""
+        self.victims += 1
+        before = tracker[FULL]
+        if isinstance(victim, Trim):
+            self._trim(victim.node, victim.depth, tracker, device_frees)
+        else:
+            self._depths.pop(victim.id, None)
+            self.tree_core._delete_unbacked_device_leaf(victim, tracker, device_frees, host_frees, cache_actions)
+        return tracker[FULL] - before
+
+    def _trim(self, node, depth: int, tracker, device_frees) -> None:
+        """Shortens leaf `node` in place to end at `depth` tokens: the suffix's slots go to SGLang's
+        frees (drained after this step), the key and value keep the prefix, the evictable ledger
+        loses what was freed. What `_split_node` and the deletion of the suffix would leave (the
+        node keeps its id, recency and leaf order), with neither a new node nor a leaf-set pass."""
+        key = node.key
+        keep = depth - self._view.depth(node) + len(key)
+        cd = node.component_data[FULL]
+        value = cd.value
+        before = value.shape[0] if _PLAIN_LEDGER else self.reclaimable_value_len(node)
+        device_frees[FULL].append(value[keep:])
+        cd.value = value[:keep]
+        node.key = key[:keep]
+        freed = before - (keep if _PLAIN_LEDGER else self.reclaimable_value_len(node))
+        self.tree_core.component_evictable_size_[FULL] -= freed
+        tracker[FULL] += freed
+        self._depths[node.id] = depth
+        # As after a split and the suffix's deletion: the kept prefix is a leaf from now on (leaf
+        # order), its chain may start at a shorter key, and SGLang's counter sees a fresh node.
+        cd.metadata[LEAF] = self.next_leaf_seq()
+        up = node.parent
+        if keep < KEY_TOKENS and (up is self.tree_core.root_node or len(up.children) != 1):
+            self._keys.pop(node.id, None)  # its chain starts here: the key's first tokens were cut
+        self._changed[node] = None  # a new depth, a new leaf order, perhaps a new key
+        node.last_access_time = get_and_increase_time_counter()
+
     def _evict_device_end(self) -> None:
         if self._walk is not None:
             self._walk.close()
         self._walk = None
+        self._view = None
 
 
 class _Fenwick:
