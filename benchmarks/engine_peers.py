@@ -28,9 +28,13 @@ case's token count, capped at 2,048 rows; best of 3), weighted by their FLOPs.
 
     python benchmarks/engine_peers.py --json out.json          # all models and cases at the issue's sizes
 
-Run time: ~105k tokens per model go through the three systems at full size (3 x 3 x (2,048 + 8,192) timed,
-plus setup), ~315k in all: 30-50 min on an idle 2-core machine at the 100-170 tok/s each system reaches
-there, over the issue's ~20 min; `--round-tokens 4096` or `--repeats` lower it, `--scale` for quick runs.
+Peak fraction is printed for transformers (and llama.cpp, in the JSON) beside ours: the same FLOPs over
+their median. `--plan` runs nothing and prints a lower bound of the run's time: every system computes
+at least the forward's FLOPs on each timed repeat and in setup, at no more than the fastest torch.mm
+rate on the model's own GEMM shapes (best of 5; noise only lowers a peak), plus the least cost of
+building, converting and loading a model not yet cached (see `plan`).
+    python benchmarks/engine_peers.py --plan                  # the full run's bound
+    python benchmarks/engine_peers.py --plan --repeats 1
     python benchmarks/engine_peers.py --models random:qwen3-0.6b --cases a --repeats 1 --scale 0.25
 """
 
@@ -46,7 +50,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -54,11 +58,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from radixflow.config import SchedulerConfig  # noqa: E402
+from radixflow.core.batch import ExecResult, Sample  # noqa: E402
+from radixflow.core.branch import Branch  # noqa: E402
+from radixflow.core.policies import get_arm  # noqa: E402
+from radixflow.core.scheduler import Scheduler  # noqa: E402
 from radixflow.engine.engine import Engine, EngineConfig  # noqa: E402
 from radixflow.engine.loader import LoadedModel, load_model  # noqa: E402
-from radixflow.engine.models import RowInput  # noqa: E402
-from radixflow.engine.random_models import RANDOM_MODELS, ensure_random_model  # noqa: E402
+from radixflow.engine.memory import pool_sizes  # noqa: E402
+from radixflow.engine.models import RowInput, build_model  # noqa: E402
+from radixflow.engine.random_models import RANDOM_MODELS, ensure_random_model, random_config  # noqa: E402
 from radixflow.engine.sampling import SamplingParams  # noqa: E402
+from radixflow.engine.seeded import default_cache_dir  # noqa: E402
 from radixflow.spec import spec_from_hf_config  # noqa: E402
 
 BLOCK = 16
@@ -100,22 +110,60 @@ def _ids(gen: torch.Generator, n: int) -> list[int]:
     return torch.randint(0, 256, (n,), generator=gen).tolist()   # byte tokens: the tokenizer's ids
 
 
-def _engine(lm: LoadedModel, tokens: int, slots: int, rows: int = 16) -> Engine:
-    """An engine over `lm` whose pools hold `tokens` tokens of KV and `slots` state slots."""
+def _engine_config(model, path: Path, tokens: int, slots: int, rows: int = 16) -> EngineConfig:
+    """The config of an engine over `model` whose pools hold `tokens` tokens of KV and `slots` state slots."""
     sc = SchedulerConfig(max_num_seqs=rows, max_num_batched_tokens=8192, block_size=BLOCK,
                          state_interval=INTERVAL)
-    probe = lm.model.allocate_cache(1, BLOCK, 1)
+    probe = model.allocate_cache(1, BLOCK, 1)
     page_bytes, slot_bytes = probe.kv_bytes_per_token * BLOCK, probe.state_bytes_per_slot
     del probe
     pages = max(-(-tokens // BLOCK) + 4 * rows, MAX_LEN // BLOCK)
-    kv, st = max(page_bytes, 1) * pages, (slot_bytes * slots if lm.model.is_hybrid else 0)
+    kv, st = max(page_bytes, 1) * pages, (slot_bytes * slots if model.is_hybrid else 0)
     budget = kv + st
-    cfg = EngineConfig(model=str(lm.path), scheduler=sc, kv_cache_memory=budget,
-                       state_memory_fraction=st / budget if st else 0.3, max_model_len=MAX_LEN)
-    return Engine(cfg, loaded=lm)
+    return EngineConfig(model=str(path), scheduler=sc, kv_cache_memory=budget,
+                        state_memory_fraction=st / budget if st else 0.3, max_model_len=MAX_LEN)
 
 
-def _schedule(engine: Engine, prompts: list[list[int]], tag: str) -> list:
+def _engine(lm: LoadedModel, tokens: int, slots: int, rows: int = 16) -> Engine:
+    return Engine(_engine_config(lm.model, lm.path, tokens, slots, rows), loaded=lm)
+
+
+class DryEngine:
+    """The engine's scheduling side over a model on the meta device, for `--plan`: the same Scheduler,
+    pool sizes and requests as `_engine`'s, every round completed at once with token 0 sampled. The
+    rounds it makes are the run's: the model's outputs reach the scheduler only as the sampled tokens,
+    and every prompt here asks one token (the rows are scheduled before any sampling)."""
+
+    def __init__(self, model, tokens: int, slots: int, rows: int = 16):
+        cfg = _engine_config(model, Path("-"), tokens, slots, rows)
+        probe = model.allocate_cache(1, BLOCK, 1)
+        pages, n_slots = pool_sizes(cfg.kv_cache_memory, probe.kv_bytes_per_token, probe.state_bytes_per_slot,
+                                    BLOCK, MAX_LEN, rows, model.is_hybrid, cfg.state_memory_fraction)
+        sc = replace(cfg.scheduler, num_kv_pages=pages, num_state_slots=max(n_slots, 0))
+        self.scheduler = Scheduler(sc, get_arm(cfg.policy), model.is_hybrid)
+        self.now = 0.0
+
+    def make_branch(self, request_id: str, index: int, prompt: list[int], params: SamplingParams) -> Branch:
+        return Branch(request_id, index, tuple(prompt), "", self.now, params.max_tokens)
+
+    def add(self, branches: list[Branch]) -> None:
+        for b in branches:
+            self.scheduler.add(b)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def step(self, now: float) -> None:
+        self.now = max(self.now, now)
+        self.scheduler.admit(self.now)
+        batch = self.scheduler.schedule(self.now)
+        if batch:
+            samples = {i: Sample(0) for i, f in enumerate(batch.fragments) if f.samples}
+            self.scheduler.complete(batch, ExecResult(0.0, samples), self.now)
+
+
+def _schedule(engine: Engine | DryEngine, prompts: list[list[int]], tag: str) -> list:
     """Add the prompts as requests and return the fragments of the round the scheduler makes of them."""
     for i, p in enumerate(prompts):
         engine.add([engine.make_branch(f"{tag}{i}", 0, p, copy.copy(GREEDY1))])
@@ -165,9 +213,17 @@ def case_a(lm: LoadedModel, gen: torch.Generator, n: int) -> Case:
 
 
 def case_b(lm: LoadedModel, gen: torch.Generator, budget: int, parent_len: int, n_rows: int) -> Case:
-    """Two parents prefilled first (untimed, through the engine), then n_rows requests: half extend a
-    parent (resume from its cached prefix), half fresh; lengths drawn so the round is full."""
     engine = _engine(lm, 2 * parent_len + budget + 4096, 48)
+    frags = round_b(engine, gen, budget, parent_len, n_rows)
+    rows, ours = _rows_of(frags)
+    return Case("b", f"{len(rows)} rows, round of {sum(len(r.tokens) for r in rows)}", rows, ours, engine,
+                _finish(engine, frags, ours))
+
+
+def round_b(engine: Engine | DryEngine, gen: torch.Generator, budget: int, parent_len: int, n_rows: int) -> list:
+    """Two parents prefilled first (untimed, through the engine), then n_rows requests: half extend a
+    parent (resume from its cached prefix), half fresh; lengths drawn so the round is full. Returns
+    the fragments of the round the scheduler makes of them."""
     parents = [_ids(gen, parent_len), _ids(gen, parent_len)]
     for i, p in enumerate(parents):
         engine.add([engine.make_branch(f"p{i}", 0, p, copy.copy(GREEDY1))])
@@ -178,10 +234,7 @@ def case_b(lm: LoadedModel, gen: torch.Generator, budget: int, parent_len: int, 
     lengths = [max(16, round(x * (budget + per_row / 2) / sum(lengths))) for x in lengths]
     # even rows extend parent 0 or 1 (alternately), odd rows are fresh prompts
     prompts = [parents[(i // 2) % 2] + _ids(gen, n) if i % 2 == 0 else _ids(gen, n) for i, n in enumerate(lengths)]
-    frags = _schedule(engine, prompts, "b")
-    rows, ours = _rows_of(frags)
-    return Case("b", f"{len(rows)} rows, round of {sum(len(r.tokens) for r in rows)}", rows, ours, engine,
-                _finish(engine, frags, ours))
+    return _schedule(engine, prompts, "b")
 
 
 def case_c(lm: LoadedModel, gen: torch.Generator, context: int, n_rows: int) -> Case:
@@ -189,13 +242,12 @@ def case_c(lm: LoadedModel, gen: torch.Generator, context: int, n_rows: int) -> 
     rows, each one new token at position `context`, reading the shared pages and state."""
     engine = _engine(lm, context + 64 + n_rows * BLOCK, n_rows + 8)
     model, cache = lm.model, engine.cache
-    prompt = _ids(gen, context)
+    prompt, tokens = _c_tokens(gen, context, n_rows)
     n_pages = -(-context // BLOCK)
     pages = list(range(n_pages))
     slot = n_rows if model.is_hybrid else None
     out = [(context, slot)] if model.is_hybrid else []
     model([RowInput(prompt, 0, pages, None, out, [], None)], cache)
-    tokens = _ids(gen, n_rows)
     rows, ours = [], []
     for i, t in enumerate(tokens):
         own = n_pages + i if context % BLOCK == 0 else None
@@ -208,6 +260,11 @@ def case_c(lm: LoadedModel, gen: torch.Generator, context: int, n_rows: int) -> 
         rows.append(Row(tuple(prompt), [t]))
         ours.append(RowInput([t], context, table, slot, [(1, i)] if model.is_hybrid else [], [0], None))
     return Case("c", f"{n_rows} rows decode at {context}", rows, ours, engine)
+
+
+def _c_tokens(gen: torch.Generator, context: int, n_rows: int) -> tuple[list[int], list[int]]:
+    """(c): the shared prompt and each row's one new token."""
+    return _ids(gen, context), _ids(gen, n_rows)
 
 
 # ------------------------------------------------------------------------------------- runners
@@ -434,15 +491,34 @@ def linear_shapes(hf_model) -> tuple[list[tuple[int, int]], tuple[int, int]]:
     return shapes, head
 
 
-def case_flops(case: Case, shapes, head, spec) -> float:
-    dense = 2 * sum(k * n for k, n in shapes) * case.tokens
-    head_f = 2 * head[0] * head[1] * sum(r.logits for r in case.rows)
-    attn = sum(spec.attention_flops(len(r.tokens), r.start) for r in case.rows)
-    rec = sum(spec.recurrent_flops(len(r.tokens)) for r in case.rows)
+def rows_flops(rows: list[Row], shapes, head, spec) -> float:
+    """The forward's FLOPs over `rows`: dense layers on every token, the head on the logit rows,
+    attention over each row's context and the recurrent scans (radixflow.spec's terms)."""
+    dense = 2 * sum(k * n for k, n in shapes) * sum(len(r.tokens) for r in rows)
+    head_f = 2 * head[0] * head[1] * sum(r.logits for r in rows)
+    attn = sum(spec.attention_flops(len(r.tokens), r.start) for r in rows)
+    rec = sum(spec.recurrent_flops(len(r.tokens)) for r in rows)
     return dense + head_f + attn + rec
 
 
-def mm_peak(case: Case, shapes, head, cap: int = 2048) -> float:
+def case_flops(case: Case, shapes, head, spec) -> float:
+    return rows_flops(case.rows, shapes, head, spec)
+
+
+def _best_mm(m: int, k: int, n: int, repeats: int) -> float:
+    """Seconds of the fastest of `repeats` torch.mm calls [m, k] x [k, n] after one untimed call: on a
+    shared machine noise only slows a call, so the best one is the closest to the machine's rate."""
+    a, w = torch.randn(m, k), torch.randn(n, k)
+    torch.mm(a, w.t())
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mm(a, w.t())
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def mm_peak(case: Case, shapes, head, cap: int = 2048, repeats: int = 5) -> float:
     """FLOP/s of torch.mm over the model's GEMM shapes at the case's row count (<= cap), by FLOP weight."""
     m = min(case.tokens, cap)
     counts: dict[tuple[int, int, int], int] = {}
@@ -452,16 +528,17 @@ def mm_peak(case: Case, shapes, head, cap: int = 2048) -> float:
     counts[(lm, *head)] = counts.get((lm, *head), 0) + 1
     flops = secs = 0.0
     for (mm, k, n), c in counts.items():
-        a, w = torch.randn(mm, k), torch.randn(n, k)
-        torch.mm(a, w.t())
-        best = math.inf
-        for _ in range(3):
-            t = time.perf_counter()
-            torch.mm(a, w.t())
-            best = min(best, time.perf_counter() - t)
         flops += 2 * mm * k * n * c
-        secs += best * c
+        secs += _best_mm(mm, k, n, repeats) * c
     return flops / secs
+
+
+def machine_peak(shapes, m: int = 2048, repeats: int = 5) -> tuple[float, tuple[int, int, int]]:
+    """The fastest torch.mm rate (FLOP/s) over the model's distinct GEMM shapes at `m` rows, and its shape:
+    the most any system here is taken to reach on this model's arithmetic."""
+    rates = {(m, k, n): 2 * m * k * n / _best_mm(m, k, n, repeats) for k, n in sorted(set(shapes))}
+    best = max(rates, key=rates.get)
+    return rates[best], best
 
 
 # ------------------------------------------------------------------------------------- the bench
@@ -518,12 +595,15 @@ def bench_model(name: str, args, out: list[dict]) -> None:
         tps = {k: case.tokens / v for k, v in med.items()}
         flops = case_flops(case, shapes, head, spec)
         peak = mm_peak(case, shapes, head)
-        frac = flops / med["radixflow"] / peak
+        frac = {k: flops / v / peak for k, v in med.items()}
         agree = {k: _agreement(logits["radixflow"], logits[k]) for k in logits if k != "radixflow"}
         row = {"model": name, "case": cname, "label": case.label, "tokens": case.tokens,
                "radixflow_tps": round(tps["radixflow"], 2), "transformers_tps": round(tps["transformers"], 2),
                "llamacpp_tps": round(tps["llamacpp"], 2) if "llamacpp" in tps else None,
-               "peak_fraction": round(frac, 4), "mm_gflops": round(peak / 1e9, 1),
+               "peak_fraction": round(frac["radixflow"], 4),
+               "transformers_peak_fraction": round(frac["transformers"], 4),
+               "llamacpp_peak_fraction": round(frac["llamacpp"], 4) if "llamacpp" in frac else None,
+               "mm_gflops": round(peak / 1e9, 1),
                "forward_gflop": round(flops / 1e9, 2), "transformers_attention": hf.impl,
                "seconds": {k: [round(x, 4) for x in v] for k, v in times.items()},
                "agreement": agree}
@@ -554,6 +634,105 @@ def make_case(cname: str, lm: LoadedModel, gen: torch.Generator, args) -> Case:
         return case_b(lm, gen, max(INTERVAL, int(args.round_tokens * s) // INTERVAL * INTERVAL),
                       blocks(args.parent_len), args.rows)
     return case_c(lm, gen, blocks(args.context), args.rows)
+
+
+def dry_rows(cname: str, model, gen: torch.Generator, args) -> list[Row]:
+    """The rows `make_case` would build, from the same generator draws, without running a model:
+    (a) and (b) from the scheduler of a DryEngine, (c) as case_c lays them out."""
+    s = args.scale
+
+    def blocks(n: int) -> int:
+        return max(BLOCK, int(n * s) // BLOCK * BLOCK)
+
+    if cname == "a":
+        n = blocks(args.prefill_len)
+        return _rows_of(_schedule(DryEngine(model, n + 64, 16), [_ids(gen, n)], "a"))[0]
+    if cname == "b":
+        budget, parent = max(INTERVAL, int(args.round_tokens * s) // INTERVAL * INTERVAL), blocks(args.parent_len)
+        dry = DryEngine(model, 2 * parent + budget + 4096, 48)
+        return _rows_of(round_b(dry, gen, budget, parent, args.rows))[0]
+    prompt, tokens = _c_tokens(gen, blocks(args.context), args.rows)
+    return [Row(tuple(prompt), [t]) for t in tokens]
+
+
+def _copy_rate() -> float:
+    """Bytes/s of one memory copy (best of 3, 256 MiB): what reading, writing or converting weights
+    costs at the least per byte."""
+    a = torch.empty(64 << 20)
+    b = torch.empty_like(a)
+    best = math.inf
+    for _ in range(3):
+        t = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - t)
+    return a.numel() * 4 / best
+
+
+def _randn_rate() -> float:
+    """Normal draws per second from a seeded generator (best of 3, 16M): the builder's least cost."""
+    gen = torch.Generator().manual_seed(0)
+    best = math.inf
+    for _ in range(3):
+        t = time.perf_counter()
+        torch.randn(1 << 24, generator=gen)
+        best = min(best, time.perf_counter() - t)
+    return (1 << 24) / best
+
+
+def plan(args) -> None:
+    """`--plan`: a lower bound of the run's time, printed without running it. Every system computes at
+    least the forward's FLOPs (rows_flops) on every timed repeat and once more in setup (each distinct
+    cached prefix prefilled; the warm-ups: ours 1, transformers 4 probe prompts), and no system is
+    taken to beat the fastest torch.mm rate measured on the model's own GEMM shapes at 2,048 rows;
+    so time >= FLOPs / that rate. Building a model not yet cached costs at least its normal draws
+    (measured rate), converting it to GGUF and loading it into ours and transformers at least one
+    memory copy of its bytes each."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    copy_rate, randn_rate = _copy_rate(), _randn_rate()
+    n_sys = 2 if args.no_llamacpp else 3
+    print(f"plan: {n_sys} systems x {args.repeats} repeats, cases {' '.join(args.cases)}, scale {args.scale}; "
+          f"copy {copy_rate / 1e9:.1f} GB/s, randn {randn_rate / 1e6:.0f} M/s", flush=True)
+    tot_flops = tot_secs = tot_io = 0.0
+    for name in args.models:
+        cfg = random_config(name)
+        with torch.device("meta"):
+            model = build_model(cfg)
+            hf = AutoModelForCausalLM.from_config(
+                AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"}))
+        shapes, head = linear_shapes(hf)
+        head = head or (cfg["hidden_size"], cfg["vocab_size"])
+        spec = spec_from_hf_config(cfg, name)
+        peak, at = machine_peak(shapes)
+        gen = torch.Generator().manual_seed(args.seed)
+        probe = _ids(gen, max(32, int(256 * args.scale)))
+        warm = rows_flops([Row((), probe)], shapes, head, spec) * (1 + 4)   # ours 1, transformers 4
+        m_flops = warm
+        print(f"\n{name}: peak {peak / 1e9:.0f} GFLOP/s (torch.mm {at[0]}x{at[1]}x{at[2]}, best of 5)", flush=True)
+        for cname in args.cases:
+            rows = dry_rows(cname, model, gen, args)
+            timed = rows_flops(rows, shapes, head, spec)
+            prefixes = {r.prefix for r in rows if r.prefix}
+            setup = sum(rows_flops([Row((), list(p))], shapes, head, spec) for p in prefixes)
+            c_flops = n_sys * (args.repeats * timed + setup)
+            m_flops += c_flops
+            print(f"  ({cname}) {len(rows)} rows, {sum(len(r.tokens) for r in rows)} tokens: {timed / 1e12:.3f} TFLOP "
+                  f"a forward, setup {setup / 1e12:.3f}; {n_sys} x ({args.repeats} x forward + setup) = "
+                  f"{c_flops / 1e12:.2f} TFLOP >= {c_flops / peak / 60:.1f} min", flush=True)
+        n_bytes = 4 * sum(math.prod(p.shape) for p in model.state_dict().values())
+        path = default_cache_dir() / f"random-{name.removeprefix('random:')}"
+        io = 2 * n_bytes / copy_rate   # loaded into ours and transformers
+        if not (path / "model.safetensors.index.json").is_file():
+            io += n_bytes / 4 / randn_rate
+        if n_sys == 3 and not (path.parent / f"{path.name}.f32.gguf").is_file():
+            io += n_bytes / copy_rate
+        secs = m_flops / peak
+        tot_flops, tot_secs, tot_io = tot_flops + m_flops, tot_secs + secs, tot_io + io
+        print(f"  {name}: {m_flops / 1e12:.1f} TFLOP >= {secs / 60:.1f} min of arithmetic, "
+              f"+ >= {io:.0f} s to build/convert/load {n_bytes / 1e9:.1f} GB", flush=True)
+    print(f"\nthe run: {tot_flops / 1e12:.1f} TFLOP at <= {tot_flops / tot_secs / 1e9:.0f} GFLOP/s "
+          f"(each model at its own peak) >= {tot_secs / 60:.1f} min before any load, "
+          f"{(tot_secs + tot_io) / 60:.1f} min with the least build/convert/load", flush=True)
 
 
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
@@ -593,14 +772,15 @@ def _print_row(r: dict) -> None:
     agree = "  ".join(f"{k} top-1 {v['top1']} max|d| {v['max_abs_diff']:.1e}" for k, v in r["agreement"].items())
     print(f"  ({r['case']}) {r['label']:30s} tok/s: radixflow {r['radixflow_tps']:8.1f}  transformers "
           f"{r['transformers_tps']:8.1f} (x{ratio_t:.2f})  llama.cpp "
-          f"{(f'{ll:8.1f}' if ll else '       -')} ({ratio_l})  peak {r['peak_fraction']:.2f} of "
+          f"{(f'{ll:8.1f}' if ll else '       -')} ({ratio_l})  peak {r['peak_fraction']:.2f} "
+          f"(transformers {r['transformers_peak_fraction']:.2f}) of "
           f"{r['mm_gflops']:.0f} GFLOP/s  [{r['wall_s']:.0f} s]", flush=True)
     print(f"      same model: {agree}" + (f"   llama.cpp: {r['llamacpp_note']}" if ll is None else ""), flush=True)
 
 
 def print_table(cases: list[dict]) -> None:
     print("\n| model | case | tokens | radixflow tok/s | transformers tok/s | llama.cpp tok/s | vs transformers "
-          "| vs llama.cpp | peak fraction |")
+          "| vs llama.cpp | peak fraction (transformers) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in cases:
         ll = r["llamacpp_tps"]
@@ -608,7 +788,7 @@ def print_table(cases: list[dict]) -> None:
         print(f"| {r['model']} | ({r['case']}) {r['label']} | {r['tokens']} | {r['radixflow_tps']:.1f} | "
               f"{r['transformers_tps']:.1f} | {f'{ll:.1f}' if ll else '— (' + r['llamacpp_note'] + ')'} | "
               f"{r['radixflow_tps'] / r['transformers_tps']:.2f}x | "
-              f"{vs_ll} | {r['peak_fraction']:.2f} |")
+              f"{vs_ll} | {r['peak_fraction']:.2f} ({r['transformers_peak_fraction']:.2f}) |")
 
 
 def main() -> None:
@@ -627,6 +807,8 @@ def main() -> None:
     ap.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="write {'cases': [...]} to this file")
+    ap.add_argument("--plan", action="store_true",
+                    help="print a lower bound of the run's time (FLOPs over the measured matmul peak), run nothing")
     ap.add_argument("--profile", action="store_true",
                     help="instead of the comparison: where radixflow's forward spends each case's time, by op")
     args = ap.parse_args()
@@ -650,6 +832,9 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load:.1f}; "
           f"repeats {args.repeats}, scale {args.scale}", flush=True)
+    if args.plan:
+        plan(args)
+        return
     if args.profile:
         for name in args.models:
             profile_model(name, args)

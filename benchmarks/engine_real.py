@@ -1,11 +1,11 @@
-"""Real-size shapes for the engine benchmarks: random-weight models at the real configs, built in memory.
+"""The three cases of issue 27 at real widths, on our model and transformers' over the same weights.
 
-`real_config(name, layers)` gives an HF config dict at the real widths of `qwen3.5-0.8b`, `qwen3-0.6b`
-or `nemotron-h-1b` (the Nemotron-Nano-9B-v2 layer pattern at ~1B widths), cut to `layers` layers
-(per-layer cost is what a round pays; fewer layers keep a 2-core run short). `build_pair` returns our
-model and a transformers model holding the SAME parameter tensors (one copy in memory), and
-`cases` the three shapes of issue 27: (a) one long prefill, (b) a round of 16 rows where half resume
-from a cached prefix, (c) one decode step of 16 rows at ~2k context.
+The models are the `random:` ones (`radixflow.engine.random_models`, the one builder of random-weight
+real-shape models): `real_config(name, layers)` is `random_config`, the real widths cut to `layers` layers
+(per-layer cost is what a round pays; fewer layers keep a 2-core run short). `build_pair` puts ONE copy
+of `random_weights` into our model and a transformers model, in memory (no file). `make_cases` gives
+(a) one long prefill, (b) a round of 16 rows where half resume from a cached prefix, (c) one decode step
+of 16 rows at ~2k context.
 """
 
 from __future__ import annotations
@@ -17,60 +17,12 @@ from typing import Any
 import torch
 
 from radixflow.engine.models import CausalLM, ModelCache, RowInput, build_model
-from radixflow.engine.tiny import random_weights
+from radixflow.engine.random_models import RANDOM_MODELS, random_config, random_weights
 
 BLOCK = 16
 INTERVAL = 512      # the CLI's default --state-interval: a row captures its state at every multiple
-NEMOTRON_PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"   # Nemotron-Nano-9B-v2
-_NEMO_KIND = {"M": "mamba", "-": "mlp", "*": "attention"}
-
-_REAL: dict[str, dict[str, Any]] = {
-    # Qwen/Qwen3.5-0.8B text config (the model_spec preset), untied here so both models own a head
-    "qwen3.5-0.8b": {
-        "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "vocab_size": 248320,
-        "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 24,
-        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256, "rms_norm_eps": 1e-6,
-        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-        "linear_num_key_heads": 16, "linear_num_value_heads": 16, "max_position_embeddings": 32768,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
-                            "mrope_section": [11, 11, 10], "mrope_interleaved": True},
-        "tie_word_embeddings": False, "eos_token_id": 258, "dtype": "float32"},
-    # Qwen/Qwen3-0.6B
-    "qwen3-0.6b": {
-        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936,
-        "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
-        "tie_word_embeddings": False, "eos_token_id": 258, "dtype": "float32"},
-    # Nemotron-Nano-9B-v2's pattern and head shapes at ~1B widths (hidden 1536, 48 Mamba heads x 64)
-    "nemotron-h-1b": {
-        "model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "vocab_size": 131072,
-        "hidden_size": 1536, "intermediate_size": 5376, "num_attention_heads": 12, "num_key_value_heads": 4,
-        "head_dim": 128, "layer_norm_epsilon": 1e-5, "mlp_hidden_act": "relu2", "ssm_state_size": 128,
-        "mamba_num_heads": 48, "mamba_head_dim": 64, "n_groups": 8, "conv_kernel": 4, "chunk_size": 128,
-        "use_conv_bias": True, "max_position_embeddings": 32768, "tie_word_embeddings": False,
-        "eos_token_id": 258, "dtype": "float32"},
-}
-REAL_MODELS = tuple(_REAL)
-
-
-def real_config(name: str, layers: int | None = None) -> dict[str, Any]:
-    """HF config of `name` with `layers` layers: Qwen3.5 keeps its 3:1 linear:full order from layer 0;
-    Nemotron-H takes `layers` consecutive blocks of its pattern starting at block 6 ("MM-M-M-M*-..."),
-    so a 9-layer cut holds Mamba, MLP and attention blocks in about the full model's proportion."""
-    if name not in _REAL:
-        raise ValueError(f"unknown real-size model {name!r}; choose one of {', '.join(REAL_MODELS)}")
-    cfg = copy.deepcopy(_REAL[name])
-    if cfg["model_type"] == "nemotron_h":
-        pattern = NEMOTRON_PATTERN if layers is None else (NEMOTRON_PATTERN[6:] + NEMOTRON_PATTERN)[:layers]
-        cfg["layers_block_type"] = [{"M": "linear_attention", "-": "mlp", "*": "full_attention"}[c]
-                                    for c in pattern]
-        return cfg
-    n = cfg["num_hidden_layers"] if layers is None else layers
-    cfg["num_hidden_layers"] = n
-    if cfg["model_type"] == "qwen3_5_text":
-        cfg["layer_types"] = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
-    return cfg
+REAL_MODELS = tuple(n.removeprefix("random:") for n in RANDOM_MODELS)
+real_config = random_config
 
 
 def build_pair(cfg: dict[str, Any], seed: int = 0) -> tuple[CausalLM, torch.nn.Module]:
@@ -78,6 +30,8 @@ def build_pair(cfg: dict[str, Any], seed: int = 0) -> tuple[CausalLM, torch.nn.M
     from transformers import AutoConfig, AutoModelForCausalLM
 
     state = random_weights(cfg, seed)
+    if "lm_head.weight" not in state:   # tied: both heads are the embedding
+        state["lm_head.weight"] = next(v for k, v in state.items() if k.startswith("model.embed"))
     with torch.device("meta"):
         ours = build_model(cfg)
     ours.load_state_dict(state, strict=True, assign=True)

@@ -13,10 +13,16 @@ import pytest
 import torch
 
 from radixflow.commands.flags import engine_model
-from radixflow.engine.loader import load_model
+from radixflow.engine.loader import load_model, read_weights
 from radixflow.engine.models import RowInput, build_model
-from radixflow.engine.random_models import RANDOM_MODELS, random_config, write_random_model
-from radixflow.engine.tiny import resolve_model
+from radixflow.engine.random_models import (
+    RANDOM_MODELS,
+    checkpoint_shapes,
+    random_config,
+    random_weights,
+    write_random_model,
+)
+from radixflow.engine.tiny import TINY_CONFIGS, resolve_model
 from radixflow.spec import PRESETS, spec_from_hf_config
 
 # Published parameter counts (model cards): Qwen3-0.6B 0.6B total / 0.44B without the embedding.
@@ -109,3 +115,78 @@ def test_transformers_and_engine_agree(name, tmp_path):
     assert hf64.std() > 0.1 and torch.isfinite(hf64).all()   # activations stay sane at real width
     _bound_check(out, hf32, hf64)
     assert (out.argmax(-1) == hf64.argmax(-1)).float().mean() > 0.95
+
+
+def _layer_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """Shape of each per-layer tensor name with the layer index dropped (model.layers.3.x -> x)."""
+    out = {}
+    for k, shape in checkpoint_shapes(cfg).items():
+        parts = k.split(".")
+        if parts[:2] == ["model", "layers"]:
+            out[".".join(parts[3:])] = shape
+    return out
+
+
+@pytest.mark.parametrize("name", RANDOM_MODELS)
+def test_fewer_layers_keep_the_widths(name):
+    full = random_config(name)
+    cut = random_config(name, layers=9)
+    with torch.device("meta"):
+        n_layers = len(build_model(cut).model.layers)
+    assert n_layers == 9
+    assert _layer_shapes(cut).items() <= _layer_shapes(full).items()   # every per-layer tensor as in full
+    for k in ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads", "head_dim"):
+        assert cut[k] == full[k], k
+    if name == "random:qwen3.5-0.8b":   # the 3:1 order from layer 0
+        assert cut["layer_types"] == full["layer_types"][:9]
+    if name == "random:nemotron-h-1b":   # blocks 6..14 of the pattern: every kind present
+        assert "".join({"mamba": "M", "mlp": "-", "attention": "*"}[b] for b in cut["layers_block_type"]) \
+            == "MM-M-M-M*"
+    assert random_config(name, layers=2, vocab_size=1024)["vocab_size"] == 1024
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="layers must be a positive int"):
+            random_config(name, layers=bad)
+
+
+def test_random_weights_are_the_checkpoint_and_depend_on_the_seed(tmp_path):
+    cfg = _small("random:qwen3.5-0.8b")
+    a, b, c = random_weights(cfg, 0), random_weights(cfg, 0), random_weights(cfg, 1)
+    assert a.keys() == b.keys() == c.keys() and "lm_head.weight" not in a   # tied: the embedding only
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
+    write_random_model(cfg, tmp_path, seed=0, shard_bytes=16 << 20)
+    stored = read_weights(tmp_path)
+    assert stored.keys() == a.keys() and all(torch.equal(stored[k], a[k]) for k in a)
+
+
+_WIDTH_KEYS = {"model_type", "architectures", "num_hidden_layers", "layer_types", "layers_block_type",
+               "eos_token_id", "pad_token_id", "dtype", "tie_word_embeddings"}
+_TINY_OF = {"random:qwen3.5-0.8b": "tiny-qwen3.5", "random:nemotron-h-1b": "tiny-nemotron-h",
+            "random:qwen3-0.6b": "tiny-qwen3"}
+
+
+@pytest.mark.parametrize("name", RANDOM_MODELS)
+def test_tiny_width_weights_load_in_transformers_with_our_logits(name):
+    """random_weights of a tiny-width cut (the tiny model's widths, the real model's layer pattern)
+    load into transformers' model as they are, and its logits match ours."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    widths = {k: v for k, v in TINY_CONFIGS[_TINY_OF[name]].items() if k not in _WIDTH_KEYS}
+    cfg = random_config(name, layers=9, **widths)
+    state = random_weights(cfg, seed=2)
+    ours = build_model(cfg)
+    embed = next(k for k in state if k.startswith("model.embed"))
+    ours.load_state_dict({"lm_head.weight": state[embed], **state})   # a tied head is the embedding
+    ours.eval()
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg), dtype=torch.float32).eval()
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and [k for k in missing if k != "lm_head.weight" and not k.endswith("inv_freq")] == []
+    if "lm_head.weight" in missing:   # tied: transformers' head is its embedding
+        assert hf.lm_head.weight is hf.get_input_embeddings().weight
+    ids = torch.randint(0, 259, (100,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        hf32 = hf(torch.tensor([ids])).logits[0]
+        hf64 = hf.to(torch.float64)(torch.tensor([ids])).logits[0]
+        out = ours([RowInput(ids, 0, list(range(7)), None, [], list(range(100)))], ours.allocate_cache(7, 16, 1))
+    assert hf64.std() > 0.1
+    _bound_check(out, hf32, hf64)

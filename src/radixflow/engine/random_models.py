@@ -7,6 +7,11 @@ writes it ONCE, in Hugging Face format, into the model cache (`$RADIXFLOW_CACHE/
 256 byte tokens + 3 specials; the embedding keeps the real vocabulary's rows, the rest are never
 produced by the tokenizer). transformers' AutoModelForCausalLM loads the same directory.
 
+This module is the ONE builder of random-weight real-shape models: `random_config(name, layers=N)` gives
+the config (the full model, or N layers at the same widths), `random_weights(config, seed)` the whole
+checkpoint in memory and `write_random_model` the same tensors written as shards
+(benchmarks/engine_real.py builds its in-memory pairs from the first two).
+
 The shapes are the real checkpoints' (`qwen3.5-0.8b`, `qwen3-0.6b`); `nemotron-h-1b` is a narrowed,
 shortened Nemotron-Nano-9B-v2 (docs/models.md states exactly what). Weights are drawn like the tiny
 models' (`seeded.init_tensor`): fan-in scaled normals for projections (std 1/sqrt(fan_in), 0.017-0.03
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,7 @@ PREFIX = "random:"
 SHARD_BYTES = 1 << 30
 _NEMOTRON_NANO_9B_V2_PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
 _NEMOTRON_KIND = {"M": "mamba", "*": "attention", "-": "mlp"}
+NEMOTRON_CUT_START = 6   # `random_config(..., layers=N)` of Nemotron-H: its blocks from here on
 _SPECIAL = {"eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "dtype": "float32"}
 
 RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
@@ -79,18 +86,55 @@ def is_random_name(name: object) -> bool:
     return isinstance(name, str) and name.startswith(PREFIX)
 
 
-def random_config(name: str, **overrides: Any) -> dict[str, Any]:
-    """The config.json dict of `random:<name>` (or bare `<name>`), with `overrides` applied; a changed
-    `num_hidden_layers` (Qwen) keeps the layer pattern, cut or repeated to the new depth."""
+def random_config(name: str, layers: int | None = None, **overrides: Any) -> dict[str, Any]:
+    """The config.json dict of `random:<name>` (or bare `<name>`) with `overrides` applied, cut to
+    `layers` layers at the same widths when given (per-layer cost is what a round pays; fewer layers
+    keep a 2-core run short). Qwen keeps its layer pattern from layer 0 (Qwen3.5: three linear, one
+    full); Nemotron-H takes `layers` consecutive blocks of its own pattern from block 6, wrapping
+    around ("MM-M-M-M*" for 9: 5 Mamba, 3 MLP, 1 attention, about the full model's proportion)."""
     key = name.removeprefix(PREFIX)
     if key not in RANDOM_CONFIGS:
         raise ValueError(f"unknown random model {name!r}; choose one of {', '.join(RANDOM_MODELS)}")
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+        raise ValueError(f"layers must be a positive int, got {layers!r}")
     cfg = json.loads(json.dumps(RANDOM_CONFIGS[key]))
+    if layers is not None:
+        if "layers_block_type" in cfg:
+            blocks = cfg["layers_block_type"]
+            cfg["layers_block_type"] = [blocks[(NEMOTRON_CUT_START + i) % len(blocks)] for i in range(layers)]
+        else:
+            cfg["num_hidden_layers"] = layers
     cfg.update(overrides)
     if "layer_types" in cfg and len(cfg["layer_types"]) != cfg["num_hidden_layers"]:
         base = RANDOM_CONFIGS[key]["layer_types"]
         cfg["layer_types"] = [base[i % len(base)] for i in range(cfg["num_hidden_layers"])]
     return cfg
+
+
+def checkpoint_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor a checkpoint of `config` stores, sorted by name (a tied head is
+    the embedding and is not stored)."""
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in build_model(config).state_dict().items()}
+    if config.get("tie_word_embeddings") and "lm_head.weight" in shapes and any(
+            k.startswith("model.embed") for k in shapes):
+        del shapes["lm_head.weight"]
+    return dict(sorted(shapes.items()))
+
+
+def random_tensors(config: dict[str, Any], seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors one at a time, drawn from one generator seeded with `seed` in sorted-name
+    order: the bytes depend on the seed and the config only."""
+    gen = torch.Generator().manual_seed(seed)
+    zero_centered = config["model_type"].startswith("qwen3_5")
+    for name, shape in checkpoint_shapes(config).items():
+        yield name, _draw(name, shape, gen, zero_centered).contiguous()
+
+
+def random_weights(config: dict[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
+    """The whole checkpoint of `config` in memory (what `write_random_model` writes, tensor for tensor;
+    a tied head is not in it: the embedding is)."""
+    return dict(random_tensors(config, seed))
 
 
 def ensure_random_model(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> Path:
@@ -106,31 +150,23 @@ def write_random_model(config: dict[str, Any], directory: Path, seed: int,
                        shard_bytes: int = SHARD_BYTES) -> None:
     """config.json, sharded safetensors with an index, and the byte tokenizer into `directory`.
 
-    Tensors are drawn one at a time from one seeded generator in sorted-name order (the same order
-    as `tiny.random_weights`, so the bytes depend on the seed and the config only), and a shard is
-    written as soon as it holds `shard_bytes`: peak memory is about one shard, not the model."""
+    Tensors come from `random_tensors` one at a time, and a shard is written as soon as it holds
+    `shard_bytes`: peak memory is about one shard, not the model."""
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in build_model(config).state_dict().items()}
-    if config.get("tie_word_embeddings") and "lm_head.weight" in shapes and any(
-            k.startswith("model.embed") for k in shapes):
-        del shapes["lm_head.weight"]   # a tied head is the embedding; checkpoints do not store it
-    names = sorted(shapes)
     plan: list[list[str]] = [[]]   # consecutive names per shard, ~shard_bytes each (fp32)
     size = 0
-    for name in names:
-        nbytes = 4 * int(torch.Size(shapes[name]).numel())
+    for name, shape in checkpoint_shapes(config).items():
+        nbytes = 4 * int(torch.Size(shape).numel())
         if plan[-1] and size + nbytes > shard_bytes:
             plan.append([])
             size = 0
         plan[-1].append(name)
         size += nbytes
-    gen = torch.Generator().manual_seed(seed)
-    zero_centered = config["model_type"].startswith("qwen3_5")
+    tensors = random_tensors(config, seed)
     weight_map, total = {}, 0
     for i, shard_names in enumerate(plan):
         fname = f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors"
-        shard = {k: _draw(k, shapes[k], gen, zero_centered).contiguous() for k in shard_names}
+        shard = dict(next(tensors) for _ in shard_names)
         save_file(shard, str(directory / fname), metadata={"format": "pt"})
         for k, t in shard.items():
             weight_map[k] = fname
