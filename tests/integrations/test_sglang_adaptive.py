@@ -68,7 +68,7 @@ def test_duel_is_lru_until_the_warmup_and_where_lru_keeps_every_history():
 
 def test_duel_takes_a_tail_where_lru_loses_whole_histories_and_tails_keep_the_hits():
     rule = DuelRule()
-    _stream(rule, 8, 24, 1000, budget=6 * 1100)  # round robin, 6 of 8 fit: lru loses every return whole
+    _stream(rule, 16, 24, 1000, budget=15 * 1100)  # round robin, 15 of 16 fit: lru loses returns whole
     assert rule.lru.whole > 0.5 * rule.returns
     assert rule.decide() is not None
     best = next(s for s in rule.tails if s.q == rule.decide())
@@ -77,12 +77,12 @@ def test_duel_takes_a_tail_where_lru_loses_whole_histories_and_tails_keep_the_hi
 
 def test_veto_reverts_to_lru_when_the_real_hits_fall_behind_the_lru_ghost():
     rule = DuelRule()
-    _stream(rule, 8, 24, 1000, budget=6 * 1100)
+    _stream(rule, 16, 24, 1000, budget=15 * 1100)
     assert rule.decide() is not None
     for i in range(rule.VETO_MIN + 1):  # tails act, and the real cache hits far less than the ghost says
-        key = ("", 256, (i % 8,))
+        key = ("", 256, (i % 16,))
         rule.begin(key)
-        rule.observe(key, 256, rule.seen[key] + 32, 0, 6 * 1100)
+        rule.observe(key, 256, rule.seen[key] + 32, 0, 15 * 1100)
     assert rule.vetoes == 1 and rule.decide() is None
 
 
