@@ -272,13 +272,13 @@ class FixedRule(DuelRule):
         return self.q
 
 
-_FORCED: list = []
+_FORCED: list = []  # cold shares (None: lru) that caches built now hold on every call; the last counts
 
 
 @contextlib.contextmanager
 def forced(q: float | None):
     """Caches built inside run a `FixedRule(q)` instead of the duel (the sweep's oracle, tests)."""
-    _FORCED.append(FixedRule(q))
+    _FORCED.append(q)
     try:
         yield
     finally:
@@ -296,7 +296,7 @@ class DuelFullComponent(RadixflowFullComponent):
         super().__init__(cache, params)
         alloc = params.token_to_kv_pool_allocator
         self.alloc = getattr(alloc, "full_attn_allocator", alloc)
-        self.rule = _FORCED[-1] if _FORCED else DuelRule()
+        self.rule = FixedRule(_FORCED[-1]) if _FORCED else DuelRule()
         self.q: float | None = None
         self.tail_calls = self.lru_calls = 0
         self._inserts = 0
