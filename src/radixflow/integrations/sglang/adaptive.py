@@ -168,6 +168,7 @@ class DuelRule:
     HIT_SLACK = 0.0  # a tail shadow may trail lru's hit tokens (latest returns) by at most this share
     P99_GAIN = 0.10  # ... and must cut lru's P99 missed by at least this share
     WHOLE = 0.01  # share of returns lru's shadow must lose whole before a tail is considered
+    EARLY_Q = None  # during the warm-up: this cold share once lru's shadow has lost 1 % whole (off)
     VETO_SLACK = 0.01
     VETO_MIN = 32  # returns under tails before the veto may act
     VETO_HOLD = 256  # returns of lru after a veto
@@ -251,7 +252,10 @@ class DuelRule:
 
     def decide(self) -> float | None:
         """None: this evict call is lru's; else the cold share of the tail cut."""
-        if self.returns < self.WARMUP or self.returns < self._hold_until:
+        if self.returns < self.WARMUP:
+            early = self.EARLY_Q is not None and self.lru.whole >= max(2, self.WHOLE * self.returns)
+            self.mode = self.EARLY_Q if early and self.returns >= self._hold_until else None
+        elif self.returns < self._hold_until:
             self.mode = None
         else:
             self.mode = self.choice
