@@ -22,6 +22,7 @@ import statistics
 import time
 
 from radixflow.core.metrics import percentile
+from radixflow.integrations.sglang import sweep as sw
 from radixflow.integrations.sglang.sweep import SG_SWEEP, cost_configs, loses, replay, run_config, sweep_configs
 from radixflow.integrations.sglang.twins import IndexTwin, SGLangTwin
 from radixflow.workloads.agentic import AgenticSpec, agentic_sessions
@@ -82,20 +83,24 @@ def _x(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "—"
 
 
-def sweep(small: bool = False) -> None:
+def sweep(small: bool = False, with_oracle: bool = False) -> None:
     t0 = time.perf_counter()
     cfgs = sweep_configs(small)
+    backends = SG_SWEEP + tuple(r for r in sw.ORACLE_RULES if r not in SG_SWEEP) if with_oracle else SG_SWEEP
     print(f"# sweep: {len(cfgs)} configs; lru = SGLang's lru on its default tree core (Rust here); lru@py: the "
-          f"same on the Python core; loss = P99 missed > lru x 1.02 or hit tokens < lru x 0.99; times are CPU time")
+          f"same on the Python core; loss = P99 missed > lru x 1.02 or hit tokens < lru x 0.99; times are CPU time"
+          + ("; tail@q: the adaptive backend held on the tail rule at cold share q (the oracle's fixed rules)"
+             if with_oracle else ""))
     print("| config | page | pool m (units) | regime | backend | P50 / P99 missed | P99 vs lru | hit vs lru | "
           "evict calls | per-call × lru | total × lru | request path × lru | loses |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    others = [b for b in SG_SWEEP if b != "lru"]
+    others = [b for b in backends if b != "lru"]
     lost = dict.fromkeys(others, 0)
     slow_call, slow_total = dict.fromkeys(others, 0), dict.fromkeys(others, 0)
-    gains, path = [], {b: [] for b in others}
+    gains, path = {b: [] for b in others}, {b: [] for b in others}
+    best: list[tuple[str, float]] = []
     for cfg in cfgs:
-        res = run_config(cfg)
+        res = run_config(cfg, backends)
         base = res["lru"]
         for b, r in res.items():
             rel = f"{100 * (r['p99'] / base['p99'] - 1):+.1f} %" if base["p99"] else "—"
@@ -113,7 +118,14 @@ def sweep(small: bool = False) -> None:
                   f"{_x(r['total'], base['total'])} | {_x(r['per_request'], base['per_request'])} | "
                   f"{'LOSS' if bad else ''} |", flush=True)
         if cfg["regime"] == "inside" and base["p99"]:
-            gains.append(1 - res["radixflow-adaptive"]["p99"] / base["p99"])
+            for b in others:
+                gains[b].append(1 - res[b]["p99"] / base["p99"])
+        if with_oracle:
+            rule, gain = sw.oracle(res)
+            print(f"| {cfg['name']} | {cfg['page']} | {cfg['m']:.1f} | {cfg['regime']} | **oracle**: {rule} | | "
+                  f"{-100 * gain:+.1f} % | | | | | | |", flush=True)
+            if cfg["regime"] == "inside":
+                best.append((rule, gain))
     if not small:
         print("\n## per-call eviction time at a pool and at 4x that pool (4x the agents), CPU µs (× lru)")
         print("| config | pool | " + " | ".join(SG_SWEEP) + " |")
@@ -134,9 +146,21 @@ def sweep(small: bool = False) -> None:
     for b in others:
         print(f"{b}: per-call > 2x lru on {slow_call[b]}, total > 3x lru on {slow_total[b]} of {len(cfgs)} configs; "
               f"request path (match + lock + allocate/evict + insert) median {statistics.median(path[b]):.2f}x lru")
-    if gains:
-        print(f"radixflow-adaptive median P99 gain over the {len(gains)} configs inside n_a < m < n: "
-              f"{100 * statistics.median(gains):.1f} %")
+    inside = gains["radixflow-adaptive"]
+    if inside:
+        for b in others:
+            print(f"{b}: median P99 gain over the {len(inside)} configs inside n_a < m < n "
+                  f"{100 * statistics.median(gains[b]):.1f} % (losses counted as they are)")
+        print(f"radixflow-adaptive median P99 gain over the {len(inside)} configs inside n_a < m < n: "
+              f"{100 * statistics.median(inside):.1f} %; P99 -2 % or better without a loss on "
+              f"{sum(g >= 0.02 for g in inside)}")
+    if best:
+        g = [x for _, x in best]
+        print(f"oracle (per config the best of {len(sw.ORACLE_RULES)} fixed rules that does not lose to lru): "
+              f"median P99 gain over the {len(g)} configs inside {100 * statistics.median(g):.1f} %, >= 30 % on "
+              f"{sum(x >= 0.30 for x in g)}, > 0 on {sum(x > 0 for x in g)}; rules: "
+              + ", ".join(f"{r} {sum(1 for b, _ in best if b == r)}" for r in sw.ORACLE_RULES
+                          if any(b == r for b, _ in best)))
     print(f"wall {time.perf_counter() - t0:.0f} s")
 
 
@@ -152,11 +176,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep", action="store_true", help="the seeded config sweep against lru (see sweep_configs)")
     ap.add_argument("--small", action="store_true", help="with --sweep: a few small configs")
+    ap.add_argument("--oracle", action="store_true",
+                    help="with --sweep: also the tail rule at 8 cold shares, and per config the best fixed rule "
+                         "of 12 that does not lose to lru")
     args = ap.parse_args()
-    if args.small and not args.sweep:
-        ap.error("--small only goes with --sweep")
+    if (args.small or args.oracle) and not args.sweep:
+        ap.error("--small and --oracle only go with --sweep")
     if args.sweep:
-        sweep(small=args.small)
+        sweep(small=args.small, with_oracle=args.oracle)
         return
     try:
         fixed_runs(args)

@@ -90,10 +90,9 @@ def test_locked_and_in_flight_requests_are_never_evicted(backend, components, pa
     """A request holding a lock (running) and one whose KV is allocated but not inserted (in flight)
     keep everything through an evict-all; the idle histories go; integrity holds throughout. (The
     adaptive backend with its evidence bypassed: tail cuts on every call.)"""
-    from radixflow.integrations.sglang.backend import AdaptiveFullComponent
+    from radixflow.integrations.sglang import adaptive
 
-    monkeypatch.setattr(AdaptiveFullComponent, "WARMUP", 0)
-    monkeypatch.setattr(AdaptiveFullComponent, "THETA", 0.0)
+    monkeypatch.setattr(adaptive, "_FORCED", [1.0])  # the tail rule on every call (adaptive.forced)
     sg = twins.SGLangTwin(backend, 1024, page, components, max_reqs=64, mamba_slots=64)
     idle = [[50 + h] * page + [100 * (h + 1) + i for i in range(64 * page // 4)] for h in range(4)]
     held = [9] * page + list(range(5000, 5000 + 64))
@@ -183,12 +182,10 @@ def test_water_level_frees_what_is_asked_from_the_deepest():
 def test_adaptive_tail_cut_levels_the_least_recent_and_keeps_the_recent(monkeypatch):
     """Tails forced on, q = 3/4: a demand is met by levelling the least recently used 3 of 4 histories,
     each cut to one level, not by dropping one history whole; the most recent one is untouched."""
-    from radixflow.integrations.sglang.backend import AdaptiveFullComponent
+    from radixflow.integrations.sglang import adaptive
 
-    monkeypatch.setattr(AdaptiveFullComponent, "WARMUP", 0)
-    monkeypatch.setattr(AdaptiveFullComponent, "THETA", 0.0)
-    monkeypatch.setattr(AdaptiveFullComponent, "Q_MAX", 0.75)
-    sg = twins.SGLangTwin("radixflow-adaptive", 4096, 4)
+    with adaptive.forced(0.75):
+        sg = twins.SGLangTwin("radixflow-adaptive", 4096, 4)
     hist = [[7] * 16 + [1000 * (h + 1) + i for i in range(128)] for h in range(4)]
     for toks in hist:
         st = sg.start(toks, 0)

@@ -28,10 +28,9 @@ def _adaptive_tails(request, monkeypatch):
     """`adaptive-tails`: the adaptive backend with its evidence bypassed, so every evict call cuts tails."""
     callspec = getattr(request.node, "callspec", None)
     if callspec is not None and "adaptive-tails" in callspec.id:
-        from radixflow.integrations.sglang.backend import AdaptiveFullComponent
+        from radixflow.integrations.sglang import adaptive
 
-        monkeypatch.setattr(AdaptiveFullComponent, "WARMUP", 0)
-        monkeypatch.setattr(AdaptiveFullComponent, "THETA", 0.0)
+        monkeypatch.setattr(adaptive, "_FORCED", [1.0])  # the tail rule on every call (adaptive.forced)
 TREES = [pytest.param((FULL,), {}, id="full"), pytest.param((FULL, MAMBA), {}, id="mamba"),
          pytest.param((FULL, SWA), {"sliding_window": 4}, id="swa")]
 

@@ -724,7 +724,9 @@ def sum_keys(node, top) -> int:
 
 def component_class(kind: str) -> type[RadixflowFullComponent]:
     """A FULL component class for `component_registry_override` running policy `kind`."""
-    if kind == "adaptive":
-        return AdaptiveFullComponent
+    if kind == "adaptive":  # the duel of shadow caches (adaptive.py); AdaptiveFullComponent: the ghost-rate rule
+        from radixflow.integrations.sglang.adaptive import DuelFullComponent
+
+        return DuelFullComponent
     return type(f"Radixflow{kind.title().replace('-', '')}FullComponent", (RadixflowFullComponent,),
                 {"policy_kind": kind})

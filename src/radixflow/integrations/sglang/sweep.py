@@ -24,6 +24,10 @@ from radixflow.workloads.sessions import CallSpec, Session, full_prefix_unit
 # lru: SGLang's lru on its default tree core (what a user runs); lru@py: the same on the Python core.
 SG_SWEEP = ("lru", "lru@py", "radixflow-rr-tail", "radixflow-level-tail", "radixflow-flop-aware",
             "radixflow-adaptive")
+# the oracle's 12 fixed rules: lru, the tail rule at eight cold shares (`tail@q`, adaptive.py), and the other three
+ORACLE_SHARES = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
+ORACLE_RULES = ("lru", *(f"tail@{q}" for q in ORACLE_SHARES), "radixflow-rr-tail", "radixflow-level-tail",
+                "radixflow-flop-aware")
 
 
 def replay(twin, sessions, call_time: float, stop_after: int | None = None, stats: dict | None = None,
@@ -151,9 +155,7 @@ def run_config(cfg: dict, backends=SG_SWEEP, check: bool = False) -> dict:
     """Every backend on one config (same requests): missed / hit tokens, eviction time per call and in all."""
     res = {}
     for b in backends:
-        name, core = (b[:-len("@py")], "python") if b.endswith("@py") else (b, "default" if b in ("lru", "tlru")
-                                                                             else "python")
-        tw = SGLangTwin(name, cfg["capacity"], cfg["page"], small_kv=True, core=core)
+        tw = make_twin(b, cfg["capacity"], cfg["page"])
         gc.collect()
         st: dict = {}
         missed = replay(tw, cfg["sessions"], 1.0, stats=st, check=check)
@@ -164,6 +166,36 @@ def run_config(cfg: dict, backends=SG_SWEEP, check: bool = False) -> dict:
                   "per_request": tw.request_cpu / max(1, tw.requests),
                   "tail_calls": getattr(comp, "tail_calls", None), "lru_calls": getattr(comp, "lru_calls", None)}
     return res
+
+
+def make_twin(backend: str, capacity: int, page: int) -> SGLangTwin:
+    """SGLang's cache under `backend`: a name of SG_SWEEP, or `tail@q` (the adaptive backend held on
+    the tail rule at cold share q on every evict call)."""
+    if backend.startswith("tail@"):
+        from radixflow.integrations.sglang import adaptive  # after twins.py's CPU shim
+
+        try:
+            q = float(backend[len("tail@"):])
+        except ValueError:
+            raise ValueError(f"bad rule {backend!r}: tail@q takes a cold share in (0, 1]") from None
+        with adaptive.forced(q):
+            return SGLangTwin("radixflow-adaptive", capacity, page, small_kv=True)
+    if backend.endswith("@py"):
+        return SGLangTwin(backend[:-len("@py")], capacity, page, small_kv=True, core="python")
+    return SGLangTwin(backend, capacity, page, small_kv=True,
+                      core="default" if backend in ("lru", "tlru") else "python")
+
+
+def oracle(res: dict) -> tuple[str, float]:
+    """The best fixed rule of `res` (rule -> run_config's figures, lru among them) that does not lose
+    to lru: (its name, its P99 gain over lru's, a share)."""
+    base = res["lru"]
+    best, p99 = "lru", base["p99"]
+    for rule in ORACLE_RULES:
+        r = res.get(rule)
+        if r is not None and not loses(r, base) and r["p99"] < p99:
+            best, p99 = rule, r["p99"]
+    return best, (1 - p99 / base["p99"]) if base["p99"] else 0.0
 
 
 def cost_configs() -> list[tuple[dict, dict]]:
