@@ -169,14 +169,6 @@ def test_flop_aware_split_keeps_the_suffix_recency():
     sg.check()
 
 
-def test_water_level_frees_what_is_asked_from_the_deepest():
-    from radixflow.integrations.sglang.backend import _water_level
-
-    depths = [100, 80, 40]
-    assert _water_level(depths, int, 10, 1) == 90  # only the deepest is cut
-    assert _water_level(depths, int, 30, 1) == 75  # 100 -> 75, 80 -> 75
-    assert _water_level(depths, int, 30, 16) == 64  # whole pages: at least what is asked
-    assert _water_level(depths, int, 1000, 1) == 0
 
 
 def test_adaptive_tail_cut_levels_the_least_recent_and_keeps_the_recent(monkeypatch):

@@ -26,7 +26,7 @@ from radixflow.integrations.sglang.compat import (
 __all__ = ["BACKENDS", "BACKEND_NAMES", "SUPPORTED_SGLANG_VERSION", "UnsupportedSglangError", "build_cache",
            "installed_sglang_version", "register", "require_supported_sglang"]
 
-# --radix-cache-backend name -> cache/eviction.py policy (adaptive: backend.AdaptiveFullComponent)
+# --radix-cache-backend name -> cache/eviction.py policy (adaptive: adaptive.DuelFullComponent)
 BACKENDS = {"radixflow-rr-tail": "rr-tail", "radixflow-level-tail": "level-tail",
             "radixflow-flop-aware": "flop-aware", "radixflow-adaptive": "adaptive"}
 BACKEND_NAMES = tuple(BACKENDS)
@@ -53,7 +53,7 @@ def build_cache(params, kind: str):
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    from radixflow.integrations.sglang.backend import component_class
+    from radixflow.integrations.sglang.components import component_class
 
     if params.enable_session_radix_cache:
         why = refusal(hicache=False, kv_shards=1, int8_mamba=False, session_refs=True)
@@ -69,7 +69,7 @@ def _factory(kind: str):
         from sglang.srt.mem_cache.registry import create_unified_radix_cache
         from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
-        from radixflow.integrations.sglang.backend import component_class
+        from radixflow.integrations.sglang.components import component_class
 
         _check(ctx)
         ctx.params.component_registry_override = {**(ctx.params.component_registry_override or {}),

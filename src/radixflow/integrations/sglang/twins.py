@@ -33,7 +33,7 @@ from sglang.test.kits.unified_radix_cache.config import CacheConfig  # noqa: E40
 from sglang.test.kits.unified_radix_cache.fixtures import build_fixture  # noqa: E402
 
 from radixflow.integrations.sglang import BACKENDS  # noqa: E402
-from radixflow.integrations.sglang.backend import component_class  # noqa: E402
+from radixflow.integrations.sglang.components import component_class  # noqa: E402
 
 FULL, MAMBA, SWA = ComponentType.FULL, ComponentType.MAMBA, ComponentType.SWA
 SGLANG_POLICIES = ("lru", "tlru")  # SGLang's own, by --radix-eviction-policy name
