@@ -19,6 +19,7 @@ from .batch import BatchContext, Level
 from .cache import ModelCache
 from .chunk_plan import ChunkPlan, blocked_scan
 from .states import initial_states, save_states
+from .threads import run_scan, shape_class
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -28,12 +29,16 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     init = initial_states(pool, batch)          # every row's state read before any is written
     out = v.new_empty(v.shape, dtype=torch.float32)
     args = [t.float() for t in (q, k, v, g, beta)]
-    for level in batch.levels:
-        with level.timed():
-            if level.decode_rows:
-                _decode(args, init, level, pool, out)
-            if level.prefill_rows:
-                _prefill(args, init, level.scan_plan(chunk), pool, out)
+
+    def scan() -> None:
+        for level in batch.levels:
+            with level.timed():
+                if level.decode_rows:
+                    _decode(args, init, level, pool, out)
+                if level.prefill_rows:
+                    _prefill(args, init, level.scan_plan(chunk), pool, out)
+
+    run_scan(shape_class("gdn", q.shape[0], len(batch.rows)), scan, q.is_cuda)
     return out
 
 

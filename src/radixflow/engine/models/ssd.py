@@ -17,6 +17,7 @@ from .batch import BatchContext, Level
 from .cache import ModelCache
 from .chunk_plan import ChunkPlan, blocked_scan
 from .states import initial_states, save_states
+from .threads import run_scan, shape_class
 
 
 def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a_log_neg: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
@@ -29,12 +30,16 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a_log_neg: torch.Tensor, b: torc
     decay = dt.float() * a_log_neg.float()
     args = [xdt, decay, b.float(), c.float()]
     out = x.new_empty(x.shape, dtype=torch.float32)
-    for level in batch.levels:
-        with level.timed():
-            if level.decode_rows:
-                _decode(args, init, level, pool, out, groups)
-            if level.prefill_rows:
-                _prefill(args, init, level.scan_plan(chunk), pool, out, groups)
+
+    def scan() -> None:
+        for level in batch.levels:
+            with level.timed():
+                if level.decode_rows:
+                    _decode(args, init, level, pool, out, groups)
+                if level.prefill_rows:
+                    _prefill(args, init, level.scan_plan(chunk), pool, out, groups)
+
+    run_scan(shape_class("ssd", x.shape[0], len(batch.rows)), scan, x.is_cuda)
     return out
 
 
