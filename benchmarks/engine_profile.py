@@ -7,6 +7,15 @@ around each call (CPU ops are synchronous), summed over --repeat runs after one 
 is what matters, the absolute figures are not comparable across runs.
 
     python benchmarks/engine_profile.py --real qwen3.5-0.8b --layers 4 [--cases abc] [--repeat 2]
+
+`--random random:<name> --layers N`: the random-weight model of engine_peers.py at its full widths cut to N
+layers (written once to the model cache as `random-<name>-L<N>`; Nemotron-H takes N blocks of its pattern
+from block 7, "M-M-M-M*..."), and engine_peers.py's cases as its Scheduler makes them (case (b): 16 rows,
+~8k tokens, half resuming after a cached parent). Prints the component shares, torch.profiler's top ops
+by self time, and with `--compare` transformers on the same rows beside ours (medians of --repeat,
+interleaved). `--scan-threads` as in engine_prefill.py.
+
+    python benchmarks/engine_profile.py --random random:qwen3.5-0.8b --layers 8 --cases b --compare
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import engine_real  # noqa: E402
-from radixflow.engine.models import attention, layers, nemotron_h, qwen3_5  # noqa: E402
+from radixflow.engine.models import attention, layers, nemotron_h, qwen3_5, threads  # noqa: E402
+
+NEMOTRON_CUT = 7   # a cut of Nemotron-H's pattern starts here: "M-M-M-M*-M-M-M*..." (Mamba, MLP, attention)
 
 TOTALS: dict[str, float] = defaultdict(float)
 
@@ -67,15 +78,105 @@ def instrument(model: nn.Module) -> None:
             m.register_forward_hook(post(kind))
 
 
+def cut_random_model(name: str, n_layers: int | None) -> Path:
+    """Directory of `name` (random:<model>) at full width with `n_layers` layers (None: the model itself)."""
+    from radixflow.engine.random_models import (
+        PREFIX,
+        RANDOM_CONFIGS,
+        ensure_random_model,
+        random_config,
+        write_random_model,
+    )
+    from radixflow.engine.seeded import build_once, default_cache_dir
+
+    if n_layers is None:
+        return ensure_random_model(name)
+    key = name.removeprefix(PREFIX)
+    base = RANDOM_CONFIGS[key]
+    if "layers_block_type" in base:
+        pattern = base["layers_block_type"]
+        kinds = (pattern[NEMOTRON_CUT:] + pattern)[:n_layers]
+        cfg = random_config(name, layers_block_type=kinds)
+    else:
+        cfg = random_config(name, num_hidden_layers=n_layers)
+    target = default_cache_dir() / f"random-{key}-L{n_layers}"
+    return build_once(target, "model.safetensors.index.json", lambda tmp: write_random_model(cfg, tmp, 0))
+
+
+def profile_random(name: str, args) -> None:
+    """engine_peers.py's cases on a layer cut of `name`: component shares, top ops, ratio to transformers."""
+    import statistics
+    from types import SimpleNamespace
+
+    import engine_peers
+    from radixflow.engine.loader import load_model
+
+    path = cut_random_model(name, args.layers)
+    lm = load_model(path)
+    hf = engine_peers.Transformers(path) if args.compare else None
+    gen = torch.Generator().manual_seed(0)
+    sizes = SimpleNamespace(scale=1.0, prefill_len=2048, round_tokens=8192, parent_len=1024, context=2048,
+                            rows=16)
+    n_layers = len(lm.model.model.layers)
+    instrument(lm.model)   # host clocks around components: microseconds per call, in every timing below
+    for cname in args.cases:
+        case = engine_peers.make_case(cname, lm, gen, sizes)
+        ours = engine_peers.Ours(lm)
+        ours.run(case)   # warm-up (also fuses the projections)
+        if hf is not None:
+            hf.prepare(case)
+            hf.run(case)
+            t_ours, t_hf = [], []
+            for _ in range(args.repeat):
+                t_ours.append(ours.run(case)[0])
+                t_hf.append(hf.run(case)[0])
+            a, b = statistics.median(t_ours), statistics.median(t_hf)
+            print(f"{name} {n_layers} layers ({cname}) {case.label}: ours {case.tokens / a:7.1f} tok/s  "
+                  f"transformers {case.tokens / b:7.1f} tok/s  x{b / a:.2f}   "
+                  f"(ours {', '.join(f'{t:.2f}' for t in t_ours)} s)", flush=True)
+            hf.release()
+        if args.ops:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                wall, _ = ours.run(case)
+            ops = sorted(((e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()),
+                         key=lambda x: -x[1])
+            print(f"    torch.profiler, one call {wall:.2f} s: " + ", ".join(
+                f"{k} {t / wall:.1%} ({n})" for k, t, n in ops[:args.ops]), flush=True)
+        TOTALS.clear()
+        t = time.perf_counter()
+        for _ in range(args.repeat):
+            ours.run(case)
+        total = time.perf_counter() - t
+        parts = dict(TOTALS)
+        parts["rest"] = total - sum(parts.values())
+        print(f"    components, {total / args.repeat:.2f} s/call: " + "  ".join(
+            f"{k} {100 * v / total:4.1f}%" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])), flush=True)
+        del case
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--real", nargs="+", choices=engine_real.REAL_MODELS, required=True)
+    ap.add_argument("--real", nargs="+", choices=engine_real.REAL_MODELS)
+    ap.add_argument("--random", nargs="+", help="random:<name> models at full width (engine_peers.py's)")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--cases", default="abc")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--compare", action="store_true", help="--random: transformers beside ours")
+    ap.add_argument("--ops", type=int, default=12, help="--random: torch.profiler's top N ops (0: none)")
+    ap.add_argument("--scan-threads", default="auto", help="the scans' threads: auto, or a count")
     args = ap.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    for name in args.real:
+    if bool(args.real) == bool(args.random):
+        ap.error("give one of --real or --random")
+    if set(args.cases) - set("abc") or not args.cases:
+        ap.error(f"--cases takes letters among a, b, c, got {args.cases!r}")
+    try:
+        threads.configure(args.scan_threads)
+    except ValueError as e:
+        ap.error(str(e))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, scan threads {args.scan_threads}")
+    for name in args.random or []:
+        profile_random(name, args)
+    for name in args.real or []:
         cfg = engine_real.real_config(name, args.layers)
         ours, hf = engine_real.build_pair(cfg)
         cases = engine_real.make_cases(ours, hf, cfg["vocab_size"], args.cases)
