@@ -135,6 +135,19 @@ def profile_random(name: str, args) -> None:
                   f"transformers {case.tokens / b:7.1f} tok/s  x{b / a:.2f}   "
                   f"(ours {', '.join(f'{t:.2f}' for t in t_ours)} s)", flush=True)
             hf.release()
+        if args.modes:   # our forward under each scan-threads mode, interleaved, medians side by side
+            times: dict[str, list[float]] = {m: [] for m in args.modes}
+            policies = {m: threads.configure(m) for m in args.modes}   # auto keeps its measurements
+            for _ in range(args.repeat):
+                for m in args.modes:
+                    threads.SCAN_THREADS = policies[m]
+                    times[m].append(ours.run(case)[0])
+            threads.configure(args.scan_threads)
+            med = {m: statistics.median(v) for m, v in times.items()}
+            base = med[args.modes[0]]
+            print(f"{name} {n_layers} layers ({cname}) scan threads: " + "  ".join(
+                f"{m}: {case.tokens / t:7.1f} tok/s (x{base / t:.2f})" for m, t in med.items())
+                + f"   [runs: {times}]", flush=True)
         if args.ops:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 wall, _ = ours.run(case)
@@ -154,6 +167,94 @@ def profile_random(name: str, args) -> None:
         del case
 
 
+def round_rows(tokens: int = 8192, n_rows: int = 16, prefix: int = 1024, seed: int = 0):
+    """Case (b)'s row shapes without a model: n_rows rows of ~tokens / n_rows tokens, every other one
+    resuming after a `prefix`-token cached prefix (a state slot in), captures every 512 and at the end."""
+    from radixflow.engine.models import RowInput
+
+    gen = torch.Generator().manual_seed(seed)
+    per = tokens / n_rows
+    lengths = [int(per * (0.5 + torch.rand((), generator=gen).item())) for _ in range(n_rows)]
+    lengths[-1] += tokens - sum(lengths)
+    rows, slot = [], 1
+    for i, n in enumerate(lengths):
+        start = prefix if i % 2 == 0 else 0
+        points = sorted({k - start for k in range(start + 1, start + n + 1) if k % 512 == 0} | {n})
+        cuts = [(k, slot + j) for j, k in enumerate(points)]
+        slot += len(cuts)
+        rows.append(RowInput([0] * n, start, list(range(-(-(start + n) // 16))), 0 if start else None, cuts,
+                             [n - 1]))
+    return rows, slot
+
+
+def _allocating_gdn_step(s, u, w, qk, q_dec, k_dec, decay, o, u_buf):
+    """gated_delta._scan_chunk as it was before the in-place buffers (allocates U, O and the state)."""
+    r, h, dk, dv = s.shape
+    s3 = s.reshape(r * h, dk, dv)
+    u = torch.baddbmm(u.flatten(0, 1), w.flatten(0, 1), s3, alpha=-1.0)
+    o_new = torch.baddbmm(torch.bmm(qk.flatten(0, 1), u), q_dec.flatten(0, 1), s3)
+    s_new = torch.baddbmm(s3 * decay.reshape(-1, 1, 1), k_dec.flatten(0, 1).transpose(1, 2), u)
+    return o_new.view(r, h, -1, dv), s_new.view(r, h, dk, dv)
+
+
+def _allocating_ssd_step(s, y_intra, d_state, decay_in, decay_chunk, c, y, cs_buf):
+    r, g, hg, p, n = s.shape
+    cs = (c @ s.reshape(r, g, hg * p, n).transpose(-1, -2)).view(r, g, -1, hg, p).transpose(2, 3)
+    return torch.addcmul(y_intra, cs, decay_in[..., None]), torch.addcmul(d_state, s, decay_chunk[..., None, None])
+
+
+def scan_only(args) -> None:
+    """One recurrent layer's scan on case (b)'s rows at real widths: GDN (Qwen3.5-0.8B: 16 heads x 128,
+    chunk 64) and SSD (random:nemotron-h-1b: 40 heads x 80, 8 groups, state 128, chunk 128); our current
+    in-place steps vs the allocating ones, under each --modes thread mode; interleaved, medians."""
+    import statistics
+    from types import SimpleNamespace
+
+    from radixflow.engine.models import gated_delta, ssd
+    from radixflow.engine.models.batch import BatchContext
+
+    rows, slots = round_rows()
+    n = sum(len(r.token_ids) for r in rows)
+    g = torch.Generator().manual_seed(0)
+    nrm = torch.nn.functional.normalize
+    gdn_in = (nrm(torch.randn(n, 16, 128, generator=g), dim=-1) * 128 ** -0.5,
+              nrm(torch.randn(n, 16, 128, generator=g), dim=-1), torch.randn(n, 16, 128, generator=g),
+              -0.3 * torch.rand(n, 16, generator=g), torch.rand(n, 16, generator=g))
+    ssd_in = (torch.randn(n, 40, 80, generator=g), 0.5 * torch.rand(n, 40, generator=g),
+              -1.0 - torch.rand(40, generator=g), torch.randn(n, 8, 128, generator=g),
+              torch.randn(n, 8, 128, generator=g))
+    kinds = {"gdn": (gated_delta, "_scan_chunk", _allocating_gdn_step, torch.zeros(slots, 16, 128, 128),
+                     lambda b, c: gated_delta.gated_delta_rule(*gdn_in, b, c, 0, 64)),
+             "ssd": (ssd, "_scan_chunk", _allocating_ssd_step, torch.zeros(slots, 40, 80, 128),
+                     lambda b, c: ssd.ssd_scan(*ssd_in, b, c, 0, 128))}
+    modes = args.modes or ["auto"]
+    for kind, (mod, attr, old_step, pool, call) in kinds.items():
+        cache = SimpleNamespace(rec=[pool])
+        new_step = getattr(mod, attr)
+        arms = [(f"{m} threads {v}", m, step) for m in modes for v, step in (("allocating", old_step),
+                                                                            ("in-place", new_step))]
+        policies = {m: threads.configure(m) for m in modes}   # one per mode: auto keeps its measurements
+        times: dict[str, list[float]] = {a: [] for a, _, _ in arms}
+        outs = {}
+        for rep in range(args.repeat + 2):   # two warm-up rounds (and the auto modes' first trials)
+            for label, m, step in arms:
+                threads.SCAN_THREADS = policies[m]
+                setattr(mod, attr, step)
+                try:
+                    t = time.perf_counter()
+                    outs[label] = call(BatchContext(rows, 16, torch.device("cpu")), cache)
+                    if rep >= 2:
+                        times[label].append(time.perf_counter() - t)
+                finally:
+                    setattr(mod, attr, new_step)
+        threads.configure(args.scan_threads)
+        same = all(torch.equal(o, next(iter(outs.values()))) for o in outs.values())
+        base = statistics.median(times[arms[0][0]])
+        print(f"{kind} scan, {len(rows)} rows, {n} tokens (outputs identical across arms: {same}): " + "  ".join(
+            f"{a} {statistics.median(v) * 1e3:.0f} ms (x{base / statistics.median(v):.2f})"
+            for a, v in times.items()), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--real", nargs="+", choices=engine_real.REAL_MODELS)
@@ -164,16 +265,27 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true", help="--random: transformers beside ours")
     ap.add_argument("--ops", type=int, default=12, help="--random: torch.profiler's top N ops (0: none)")
     ap.add_argument("--scan-threads", default="auto", help="the scans' threads: auto, or a count")
+    ap.add_argument("--scan-only", action="store_true",
+                    help="one GDN and one SSD layer's scan on case (b)'s rows: in-place vs allocating steps "
+                         "under each --modes")
+    ap.add_argument("--modes", nargs="+", default=None,
+                    help="--random: time ours under each scan-threads mode (e.g. 2 auto 1), interleaved; "
+                         "ratios to the first")
     args = ap.parse_args()
-    if bool(args.real) == bool(args.random):
-        ap.error("give one of --real or --random")
+    if bool(args.real) == bool(args.random) and not args.scan_only:
+        ap.error("give one of --real or --random (or --scan-only)")
     if set(args.cases) - set("abc") or not args.cases:
         ap.error(f"--cases takes letters among a, b, c, got {args.cases!r}")
     try:
+        for m in [args.scan_threads, *(args.modes or [])]:
+            threads.configure(m)
         threads.configure(args.scan_threads)
     except ValueError as e:
         ap.error(str(e))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, scan threads {args.scan_threads}")
+    if args.scan_only:
+        scan_only(args)
+        return
     for name in args.random or []:
         profile_random(name, args)
     for name in args.real or []:
