@@ -135,3 +135,18 @@ def test_scan_results_identical_at_any_thread_count(two_threads):
                 assert torch.equal(o, outs[0]), name
     finally:
         threads.SCAN_THREADS = saved
+
+
+def test_host_memory_settings_apply_once_and_can_be_left_alone(monkeypatch):
+    from radixflow.engine.models import host_memory
+
+    monkeypatch.setattr(host_memory, "_applied", None)
+    monkeypatch.setenv("RADIXFLOW_MALLOC", "default")
+    assert host_memory.keep_freed_blocks() is False
+    monkeypatch.setattr(host_memory, "_applied", None)
+    monkeypatch.delenv("RADIXFLOW_MALLOC")
+    import platform
+
+    expected = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert host_memory.keep_freed_blocks() is expected
+    assert host_memory.keep_freed_blocks() is expected   # once: the cached answer
