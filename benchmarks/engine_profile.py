@@ -33,7 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import engine_real  # noqa: E402
-from radixflow.engine.models import attention, layers, nemotron_h, qwen3_5, threads  # noqa: E402
+from radixflow.engine.models import attention, layers, nemotron_h, qwen3_5  # noqa: E402
+
+try:   # absent from trees before it (this script also times those, for before/after figures)
+    from radixflow.engine.models import threads  # noqa: E402
+except ImportError:
+    threads = None
 
 NEMOTRON_CUT = 7   # a cut of Nemotron-H's pattern starts here: "M-M-M-M*-M-M-M*..." (Mamba, MLP, attention)
 
@@ -118,7 +123,8 @@ def profile_random(name: str, args) -> None:
     sizes = SimpleNamespace(scale=1.0, prefill_len=2048, round_tokens=8192, parent_len=1024, context=2048,
                             rows=16)
     n_layers = len(lm.model.model.layers)
-    instrument(lm.model)   # host clocks around components: microseconds per call, in every timing below
+    if not args.no_components:
+        instrument(lm.model)   # host clocks around components: microseconds per call, in every timing below
     for cname in args.cases:
         case = engine_peers.make_case(cname, lm, gen, sizes)
         ours = engine_peers.Ours(lm)
@@ -155,6 +161,8 @@ def profile_random(name: str, args) -> None:
                          key=lambda x: -x[1])
             print(f"    torch.profiler, one call {wall:.2f} s: " + ", ".join(
                 f"{k} {t / wall:.1%} ({n})" for k, t, n in ops[:args.ops]), flush=True)
+        if args.no_components:
+            continue
         TOTALS.clear()
         t = time.perf_counter()
         for _ in range(args.repeat):
@@ -263,6 +271,7 @@ def main() -> None:
     ap.add_argument("--cases", default="abc")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--compare", action="store_true", help="--random: transformers beside ours")
+    ap.add_argument("--no-components", action="store_true", help="--random: skip the component shares")
     ap.add_argument("--ops", type=int, default=12, help="--random: torch.profiler's top N ops (0: none)")
     ap.add_argument("--scan-threads", default="auto", help="the scans' threads: auto, or a count")
     ap.add_argument("--scan-only", action="store_true",
@@ -277,9 +286,10 @@ def main() -> None:
     if set(args.cases) - set("abc") or not args.cases:
         ap.error(f"--cases takes letters among a, b, c, got {args.cases!r}")
     try:
-        for m in [args.scan_threads, *(args.modes or [])]:
+        for m in [args.scan_threads, *(args.modes or [])] if threads is not None else []:
             threads.configure(m)
-        threads.configure(args.scan_threads)
+        if threads is not None:
+            threads.configure(args.scan_threads)
     except ValueError as e:
         ap.error(str(e))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, scan threads {args.scan_threads}")
