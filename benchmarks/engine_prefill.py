@@ -13,6 +13,9 @@ step of 16 rows at 2,048 context (transformers batched, its cache repeated per r
 
     python benchmarks/engine_prefill.py [--models tiny-qwen3.5 ...] [--seq-len 1024] [--rows 16]
     python benchmarks/engine_prefill.py --real qwen3.5-0.8b --layers 4 [--cases abc] [--repeat 3]
+
+`--scan-threads auto|1|N`: the torch threads our recurrent scans run with (engine/models/threads.py;
+auto, the default, times 1 thread against all on the first calls of each shape and re-checks).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import engine_real  # noqa: E402
 from radixflow.engine.loader import load_model  # noqa: E402
-from radixflow.engine.models import RowInput  # noqa: E402
+from radixflow.engine.models import RowInput, threads  # noqa: E402
 from radixflow.engine.tiny import TINY_MODELS, ensure_tiny_model  # noqa: E402
 from timing import timed_pair  # noqa: E402
 
@@ -111,9 +114,16 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--scan-threads", default="auto",
+                    help="threads of our recurrent scans: auto (timed, 1 vs all), 1, or a count N")
     args = ap.parse_args()
+    try:
+        threads.configure(args.scan_threads)
+    except ValueError as e:
+        ap.error(str(e))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load:.1f}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, scan threads {args.scan_threads}, "
+          f"load average {load:.1f}")
     if args.layers is not None and args.layers < 1:
         ap.error(f"--layers must be >= 1, got {args.layers}")
     if set(args.cases) - set("abc") or not args.cases:

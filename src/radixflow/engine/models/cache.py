@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .host_memory import keep_freed_blocks
+
 
 @dataclass
 class RowInput:
@@ -62,6 +64,8 @@ class ModelCache:
         if layout.states and num_state_slots < 1:
             raise ValueError("a hybrid model needs num_state_slots >= 1")
         self.layout = layout
+        if torch.device(device).type == "cpu":  # forwards over this cache reuse their large temporaries
+            keep_freed_blocks()
         self.num_pages, self.block_size = num_pages, block_size
         self.num_state_slots = num_state_slots if layout.states else 0
         self.device, self.dtype = torch.device(device), dtype

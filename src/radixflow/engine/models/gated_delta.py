@@ -13,12 +13,15 @@ per level: a level's rows hand their states at the dependents' depths to the nex
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .batch import BatchContext, Level
 from .cache import ModelCache
 from .chunk_plan import ChunkPlan, blocked_scan
 from .states import initial_states, save_states
+from .threads import run_scan, shape_class
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -28,12 +31,16 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     init = initial_states(pool, batch)          # every row's state read before any is written
     out = v.new_empty(v.shape, dtype=torch.float32)
     args = [t.float() for t in (q, k, v, g, beta)]
-    for level in batch.levels:
-        with level.timed():
-            if level.decode_rows:
-                _decode(args, init, level, pool, out)
-            if level.prefill_rows:
-                _prefill(args, init, level.scan_plan(chunk), pool, out)
+
+    def scan() -> None:
+        for level in batch.levels:
+            with level.timed():
+                if level.decode_rows:
+                    _decode(args, init, level, pool, out)
+                if level.prefill_rows:
+                    _prefill(args, init, level.scan_plan(chunk), pool, out)
+
+    run_scan(shape_class("gdn", q.shape[0], len(batch.rows)), scan, q.is_cuda)
     return out
 
 
@@ -64,15 +71,20 @@ def _prefill(args: list[torch.Tensor], init: torch.Tensor, plan: ChunkPlan, pool
     rows = plan.row_index
     state = init[rows]
     o = torch.empty_like(v)
-    blocked_scan(plan, (q, k, v, g, beta), state, _intra_chunk, _scan_chunk, o,
+    # the step writes its outputs into `o` and its states into `state` in place: `o` rides along as an
+    # input, so the step receives its own chunks of it (blocked_scan's copy-back is then a no-op)
+    u_buf = v.new_empty(len(plan.rows) * v.shape[1], v.shape[2], dv)
+    step = functools.partial(_scan_chunk, u_buf=u_buf)
+    blocked_scan(plan, (q, k, v, g, beta, o), state, _intra_chunk, step, o,
                  lambda local, slots: save_states(pool, slots, state[local]),
                  lambda local, deps: init.index_copy_(0, deps, state[local]))
     flat = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[-1])      # [M*C, H, dv]
     out.index_copy_(0, plan.token_index, flat.index_select(0, plan.flat_index))
 
 
-def _intra_chunk(q, k, v, g, beta):
-    """Everything that does not depend on the incoming state, for all chunks at once."""
+def _intra_chunk(q, k, v, g, beta, o):
+    """Everything that does not depend on the incoming state, for all chunks at once (`o`, the
+    output chunks, passes through to the step)."""
     c = q.shape[2]
     cum = g.cumsum(-1)                                                    # [M, H, C]
     lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
@@ -88,7 +100,7 @@ def _intra_chunk(q, k, v, g, beta):
     qk = (q @ k.transpose(-1, -2)) * gamma
     q_dec = q * decay_in[..., None]
     k_dec = k * (cum[..., -1:] - cum).exp()[..., None]
-    return u, w, qk, q_dec, k_dec, cum[..., -1].exp()
+    return u, w, qk, q_dec, k_dec, cum[..., -1].exp(), o
 
 
 def _solve_unit_lower(a: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
@@ -105,14 +117,18 @@ def _solve_unit_lower(a: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
         torch.set_num_threads(threads)
 
 
-def _scan_chunk(s, u, w, qk, q_dec, k_dec, decay):
-    """Apply one chunk to states s [R, H, dk, dv]: returns (outputs [R, H, C, dv], new states).
+def _scan_chunk(s, u, w, qk, q_dec, k_dec, decay, o, u_buf):
+    """Apply one chunk to states s [R, H, dk, dv] IN PLACE and write its outputs into o [R, H, C, dv].
 
-    Five fused batched products over the R * H heads (baddbmm adds the product in the same pass),
-    as few separate kernels as the arithmetic allows: each is a parallel region the scan waits on."""
+    Five batched products over the R * H heads (baddbmm adds the product in the same pass), as few
+    kernels as the arithmetic allows (each is a parallel region the scan waits on), and no allocation:
+    U - W S goes to the scan's one `u_buf`, the outputs to the caller's chunks, the states stay put.
+    The same operations in the same order as the allocating form, so the same bits."""
     r, h, dk, dv = s.shape
-    s3 = s.reshape(r * h, dk, dv)
-    u = torch.baddbmm(u.flatten(0, 1), w.flatten(0, 1), s3, alpha=-1.0)          # U - W S
-    o = torch.baddbmm(torch.bmm(qk.flatten(0, 1), u), q_dec.flatten(0, 1), s3)    # Q_dec S + QK U
-    s_new = torch.baddbmm(s3 * decay.reshape(-1, 1, 1), k_dec.flatten(0, 1).transpose(1, 2), u)
-    return o.view(r, h, -1, dv), s_new.view(r, h, dk, dv)
+    s3 = s.view(r * h, dk, dv)
+    u = torch.baddbmm(u.flatten(0, 1), w.flatten(0, 1), s3, alpha=-1.0,
+                      out=u_buf[:r * h])                              # U - W S
+    o3 = o.view(r * h, -1, dv)
+    torch.bmm(qk.flatten(0, 1), u, out=o3).baddbmm_(q_dec.flatten(0, 1), s3)      # QK U + Q_dec S
+    s3.mul_(decay.reshape(-1, 1, 1)).baddbmm_(k_dec.flatten(0, 1).transpose(1, 2), u)
+    return o, s

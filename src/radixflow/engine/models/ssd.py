@@ -11,12 +11,15 @@ rows (SPEC §15) the scan runs once per level, each level handing states to the 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .batch import BatchContext, Level
 from .cache import ModelCache
 from .chunk_plan import ChunkPlan, blocked_scan
 from .states import initial_states, save_states
+from .threads import run_scan, shape_class
 
 
 def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a_log_neg: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
@@ -29,12 +32,16 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a_log_neg: torch.Tensor, b: torc
     decay = dt.float() * a_log_neg.float()
     args = [xdt, decay, b.float(), c.float()]
     out = x.new_empty(x.shape, dtype=torch.float32)
-    for level in batch.levels:
-        with level.timed():
-            if level.decode_rows:
-                _decode(args, init, level, pool, out, groups)
-            if level.prefill_rows:
-                _prefill(args, init, level.scan_plan(chunk), pool, out, groups)
+
+    def scan() -> None:
+        for level in batch.levels:
+            with level.timed():
+                if level.decode_rows:
+                    _decode(args, init, level, pool, out, groups)
+                if level.prefill_rows:
+                    _prefill(args, init, level.scan_plan(chunk), pool, out, groups)
+
+    run_scan(shape_class("ssd", x.shape[0], len(batch.rows)), scan, x.is_cuda)
     return out
 
 
@@ -66,15 +73,20 @@ def _prefill(args, init, plan: ChunkPlan, pool, out, groups: int) -> None:
     rows = plan.row_index
     state = init[rows].view(len(plan.rows), groups, heads // groups, p, -1)
     y = torch.empty_like(xdt)
-    blocked_scan(plan, (xdt, decay, b, c), state, _intra_chunk, _scan_chunk, y,
+    # outputs and states written in place (y rides along as an input: gated_delta.py); C S^T of every
+    # step into one buffer
+    cs_buf = xdt.new_empty(len(plan.rows), groups, clen, heads // groups * p)
+    step = functools.partial(_scan_chunk, cs_buf=cs_buf)
+    blocked_scan(plan, (xdt, decay, b, c, y), state, _intra_chunk, step, y,
                  lambda local, slots: save_states(pool, slots, state[local].flatten(1, 2)),
                  lambda local, deps: init.index_copy_(0, deps, state[local].flatten(1, 2)))
     flat = y.flatten(1, 2).transpose(1, 2).reshape(-1, heads, p)       # [M*C, H, P]
     out.index_copy_(0, plan.token_index, flat.index_select(0, plan.flat_index))
 
 
-def _intra_chunk(xdt, decay, b, c):
-    """State-independent parts for all chunks: xdt [M,G,Hg,C,P], decay [M,G,Hg,C], b, c [M,G,C,S]."""
+def _intra_chunk(xdt, decay, b, c, y):
+    """State-independent parts for all chunks: xdt [M,G,Hg,C,P], decay [M,G,Hg,C], b, c [M,G,C,S]
+    (`y`, the output chunks, passes through to the step)."""
     clen = xdt.shape[3]
     cum = decay.cumsum(-1)
     lower = torch.ones(clen, clen, dtype=torch.bool, device=xdt.device).tril()
@@ -83,14 +95,17 @@ def _intra_chunk(xdt, decay, b, c):
     y_intra = (cb * seg) @ xdt
     weights = (cum[..., -1:] - cum).exp()[..., None]
     d_state = (xdt * weights).transpose(-1, -2) @ b[:, :, None]         # [M, G, Hg, P, S]
-    return y_intra, d_state, cum.exp(), cum[..., -1].exp(), c
+    return y_intra, d_state, cum.exp(), cum[..., -1].exp(), c, y
 
 
-def _scan_chunk(s, y_intra, d_state, decay_in, decay_chunk, c):
-    """Apply one chunk to states s [R, G, Hg, P, S]: returns (outputs, new states).
+def _scan_chunk(s, y_intra, d_state, decay_in, decay_chunk, c, y, cs_buf):
+    """Apply one chunk to states s [R, G, Hg, P, S] IN PLACE and write its outputs into y.
 
-    C S^T for all heads of a group in one product ([C, S] x [S, Hg * P]), no copy of C per head."""
+    C S^T for all heads of a group in one product ([C, S] x [S, Hg * P]), no copy of C per head, into
+    the scan's one buffer; the same operations as the allocating form, so the same bits."""
     r, g, hg, p, n = s.shape
-    cs = (c @ s.reshape(r, g, hg * p, n).transpose(-1, -2)).view(r, g, -1, hg, p).transpose(2, 3)
-    y = torch.addcmul(y_intra, cs, decay_in[..., None])
-    return y, torch.addcmul(d_state, s, decay_chunk[..., None, None])
+    cs = torch.matmul(c, s.view(r, g, hg * p, n).transpose(-1, -2), out=cs_buf[:r])
+    cs = cs.view(r, g, -1, hg, p).transpose(2, 3)
+    torch.addcmul(y_intra, cs, decay_in[..., None], out=y)
+    torch.addcmul(d_state, s, decay_chunk[..., None, None], out=s)
+    return y, s

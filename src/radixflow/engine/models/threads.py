@@ -1,0 +1,134 @@
+"""How many torch threads a recurrent scan runs with, chosen by timing it.
+
+The chunked scans (gated delta rule, Mamba-2 SSD) are many small kernels, most of them inside a
+sequential loop over chunk positions; each kernel is one parallel region the loop waits on. On a
+CPU that is shared or has few cores, one thread often runs them faster than all of them, while the
+projections around the scan want every core. Which one wins depends on the machine and its load,
+not on the model, so it is measured: `ScanThreads.run(key, fn)` times `fn` with each candidate
+thread count on the first calls of a shape class (`key`), then runs the faster, and every
+`recheck`-th call of that class times a candidate again (the machine's load moves). The thread
+count is set around `fn` only and the caller's is restored afterwards, even when `fn` raises.
+
+`configure("auto" | "1" | N)` sets the policy the models use (`SCAN_THREADS`): "auto" measures,
+a number fixes the scan's thread count (benchmarks/engine_prefill.py --scan-threads).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Class:
+    """One shape class: the last measured seconds of each candidate, the calls since its first trial."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+    calls: int = 0        # the first is a warm-up (allocations, first touch): run, not timed
+    next_trial: int = 0   # index into the candidates of the next re-check
+
+
+class ScanThreads:
+    """Runs scans at a thread count chosen per shape class (see the module docstring).
+
+    fixed: a thread count every scan runs with (no timing); None measures among `candidates`
+    (default: 1 and torch's current count). clock: seconds, injectable for tests."""
+
+    def __init__(self, fixed: int | None = None, candidates: tuple[int, ...] | None = None,
+                 recheck: int = 8, clock: Callable[[], float] = time.perf_counter):
+        if fixed is not None and fixed < 1:
+            raise ValueError(f"scan threads must be >= 1, got {fixed}")
+        if recheck < 2:
+            raise ValueError(f"recheck must be >= 2 calls, got {recheck}")
+        self.fixed = fixed
+        self.candidates = candidates
+        self.recheck = recheck
+        self.clock = clock
+        self.classes: dict[Hashable, _Class] = {}
+
+    def _candidates(self, current: int) -> list[int]:
+        cands = self.candidates if self.candidates is not None else (1, current)
+        return sorted(set(cands))
+
+    def choice(self, key: Hashable) -> int | None:
+        """The thread count the next ordinary call of `key` runs with (None: still measuring)."""
+        cls = self.classes.get(key)
+        cands = self._candidates(torch.get_num_threads())
+        if cls is None or any(c not in cls.seconds for c in cands):
+            return None
+        return min(cands, key=lambda c: (cls.seconds[c], -c))
+
+    def _pick(self, key: Hashable) -> tuple[int, bool]:
+        """(threads for this call, whether it is timed)."""
+        current = torch.get_num_threads()
+        if self.fixed is not None:
+            return self.fixed, False
+        cands = self._candidates(current)
+        if len(cands) == 1:
+            return cands[0], False
+        cls = self.classes.setdefault(key, _Class())
+        cls.calls += 1
+        if cls.calls == 1:
+            return current, False
+        untried = [c for c in cands if c not in cls.seconds]
+        if untried:
+            return untried[0], True
+        best = min(cands, key=lambda c: (cls.seconds[c], -c))
+        if cls.calls % self.recheck == 0:   # re-time one of the others, in turn
+            others = [c for c in cands if c != best]
+            trial = others[cls.next_trial % len(others)]
+            cls.next_trial += 1
+            return trial, True
+        return best, True   # the chosen one's time is refreshed too: a re-check compares like with like
+
+    def run(self, key: Hashable, fn: Callable[[], T]) -> T:
+        """fn() with torch's thread count set for the scan, restored afterwards."""
+        threads, timed = self._pick(key)
+        current = torch.get_num_threads()
+        if threads != current:
+            torch.set_num_threads(threads)
+        try:
+            t0 = self.clock() if timed else 0.0
+            out = fn()
+            if timed:
+                self.classes[key].seconds[threads] = self.clock() - t0
+            return out
+        finally:
+            if threads != current:
+                torch.set_num_threads(current)
+
+
+def shape_class(kind: str, tokens: int, rows: int) -> tuple[str, int, int]:
+    """A scan's shape class: its kind, its token count rounded up to a power of two, and its rows
+    (a few buckets, so a class gets the calls it needs to be measured)."""
+    return kind, max(tokens - 1, 1).bit_length(), min(rows, 16).bit_length()
+
+
+SCAN_THREADS = ScanThreads()
+
+
+def configure(mode: str | int) -> ScanThreads:
+    """Set the policy every scan uses: "auto" (measure 1 vs torch's count) or a fixed count >= 1."""
+    global SCAN_THREADS
+    if isinstance(mode, str) and mode.strip().lower() == "auto":
+        SCAN_THREADS = ScanThreads()
+        return SCAN_THREADS
+    try:
+        n = int(mode)
+    except (TypeError, ValueError):
+        raise ValueError(f"scan threads must be 'auto' or a count >= 1, got {mode!r}") from None
+    SCAN_THREADS = ScanThreads(fixed=n)
+    return SCAN_THREADS
+
+
+def run_scan(key: Hashable, fn: Callable[[], T], cuda: bool = False) -> T:
+    """fn() under the configured policy (models call this around their scan; CPU threads only)."""
+    if cuda or (torch.get_num_threads() == 1 and SCAN_THREADS.fixed in (None, 1)):
+        return fn()
+    return SCAN_THREADS.run(key, fn)
