@@ -37,3 +37,16 @@ def test_numpy_ranking_is_the_sorts_order(cands, w):
         ev.RANK_ARRAYS_FROM = saved
     assert fa._ranked_arrays(cands) == want
     assert fa._ranked(cands) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(cands=st.lists(_cand, min_size=0, max_size=3 * RANK_ARRAYS_FROM), w=st.sampled_from([0.0, 0.5, 1.0]),
+       data=st.data())
+def test_ranking_unsorted_leaves_by_their_order_is_ranking_them_sorted(cands, w, data):
+    # SGLang's view hands its leaves unsorted with their leaf order (`unordered_leaves`).
+    fa = FlopAware(recency_weight=w)
+    order = data.draw(st.permutations(range(0, 3 * len(cands), 3)))
+    cands = [(i, eff, age) for i, (eff, age) in enumerate(cands)]
+    in_order = [c for _, c in sorted(zip(order, cands))]
+    want = fa._ranked(in_order) if cands else []
+    assert fa._ranked_in_order(cands, list(order)) == want

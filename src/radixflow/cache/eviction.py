@@ -648,15 +648,23 @@ class FlopAware:
     def page_walk(self, view: TreeView, need: int):
         freed = 0
         while freed < need:
-            if view.hybrid:
-                cands = [(n, *self._leaf_value(view, n)) for n in view.leaves()]
+            tails = [(t, *self._snap_value(view, t)) for t in view.tails() if _droppable(t)]
+            unordered = None if view.hybrid or tails else getattr(view, "unordered_leaves", None)
+            if unordered is not None:  # the leaves unsorted, with their leaf order: ranked by it
+                leaves, order = unordered()
+                cands = self._full_leaf_values(view, leaves)
+                ranked = self._ranked_in_order(cands, order)
             else:
-                cands = self._full_leaf_values(view, view.leaves())
-            cands += [(t, *self._snap_value(view, t)) for t in view.tails() if _droppable(t)]
+                if view.hybrid:
+                    cands = [(n, *self._leaf_value(view, n)) for n in view.leaves()]
+                else:
+                    cands = self._full_leaf_values(view, view.leaves())
+                cands += tails
+                ranked = self._ranked(cands) if cands else []
             if not cands:
                 break
             progressed = False
-            for victim in self._ranked(cands):
+            for victim in ranked:
                 if freed >= need:
                     break
                 if isinstance(victim, Snapshot):  # a tail snapshot: one page and one slot
@@ -731,7 +739,16 @@ class FlopAware:
         # Worthless victims (dead KV) go first whatever their age; then the blended score.
         return [cands[i][0] for i in sorted(range(n), key=lambda i: (cands[i][1] > 0, score[i], cands[i][2]))]
 
-    def _ranked_arrays(self, cands: list[tuple]) -> list:
+    def _ranked_in_order(self, cands: list[tuple], order: list) -> list:
+        """`_ranked` of `cands` sorted by `order` (distinct leaf orders, one per candidate), without
+        sorting them first where numpy ranks: the order breaks every tie instead of the position."""
+        n = len(cands)
+        if n < RANK_ARRAYS_FROM:
+            pos = sorted(range(n), key=order.__getitem__)
+            return self._ranked([cands[i] for i in pos]) if n else []
+        return self._ranked_arrays(cands, np.array(order, dtype=np.int64))
+
+    def _ranked_arrays(self, cands: list[tuple], order=None) -> list:
         """`_ranked` in numpy, the same order: the rank sorts stable (ties by position, as `sorted`),
         the score the same float64 operations in the same order ((1 - w) * r / (n - 1), then + w * r'
         / (n - 1), onto 0.0), the final sort a stable lexsort by (value > 0, score, last access)."""
@@ -739,13 +756,15 @@ class FlopAware:
         effs = np.array([c[1] for c in cands], dtype=np.float64)
         ages = np.array([c[2] for c in cands], dtype=np.float64)
         at = np.arange(n)
+        if order is None:
+            order = at  # ties by position
         by_eff = np.empty(n, dtype=np.int64)
-        by_eff[np.argsort(effs, kind="stable")] = at
+        by_eff[np.lexsort((order, effs))] = at
         by_age = np.empty(n, dtype=np.int64)
-        by_age[np.argsort(ages, kind="stable")] = at
+        by_age[np.lexsort((order, ages))] = at
         w = self.recency_weight
         score = (1 - w) * by_eff / (n - 1) + w * by_age / (n - 1)
-        return [cands[i][0] for i in np.lexsort((ages, score, effs > 0)).tolist()]
+        return [cands[i][0] for i in np.lexsort((order, ages, score, effs > 0)).tolist()]
 
     def _leaf_value(self, view: TreeView, leaf) -> tuple[float, float]:
         c = self.costs

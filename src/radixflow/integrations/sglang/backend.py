@@ -126,6 +126,18 @@ class SGLangTreeView:
         keyed.sort(key=_first)
         return [n for _, n in keyed]
 
+    def unordered_leaves(self) -> tuple[list, list]:
+        """`leaves()` unsorted, with each one's leaf order (flop-aware ranks by it, sorting once)."""
+        component = self.component
+        leaves = list(self.core.evictable_device_leaves)
+        order = []
+        for n in leaves:
+            seq = n.component_data[FULL].metadata.get(LEAF)
+            if seq is None:
+                seq = n.component_data[FULL].metadata[LEAF] = component.next_leaf_seq()
+            order.append(seq)
+        return leaves, order
+
     def is_leaf(self, node) -> bool:
         return node.parent is not None and not node.children and node.id in self.core._node_arena
 
