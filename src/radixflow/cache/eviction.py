@@ -35,6 +35,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+import numpy as np
+
 from radixflow.cache.node import Node, Snapshot
 from radixflow.cache.pool import IdPool
 
@@ -612,6 +614,11 @@ class ReuseCosts:
         return (self.flops_per_token + self.recurrent_flops_per_token) * n + self.flops_per_pair * pairs
 
 
+# flop-aware ranks this many victims or more with numpy (`FlopAware._ranked_arrays`; fewer: its
+# fixed cost exceeds the sorts'). The same order either way.
+RANK_ARRAYS_FROM = 48
+
+
 @dataclass
 class FlopAware:
     """Marconi's idea: keep what saves the most prefill FLOPs per byte, blended with recency.
@@ -641,15 +648,23 @@ class FlopAware:
     def page_walk(self, view: TreeView, need: int):
         freed = 0
         while freed < need:
-            if view.hybrid:
-                cands = [(n, *self._leaf_value(view, n)) for n in view.leaves()]
+            tails = [(t, *self._snap_value(view, t)) for t in view.tails() if _droppable(t)]
+            unordered = None if view.hybrid or tails else getattr(view, "unordered_leaves", None)
+            if unordered is not None:  # the leaves unsorted, with their leaf order: ranked by it
+                leaves, order = unordered()
+                cands = self._full_leaf_values(view, leaves)
+                ranked = self._ranked_in_order(cands, order)
             else:
-                cands = self._full_leaf_values(view, view.leaves())
-            cands += [(t, *self._snap_value(view, t)) for t in view.tails() if _droppable(t)]
+                if view.hybrid:
+                    cands = [(n, *self._leaf_value(view, n)) for n in view.leaves()]
+                else:
+                    cands = self._full_leaf_values(view, view.leaves())
+                cands += tails
+                ranked = self._ranked(cands) if cands else []
             if not cands:
                 break
             progressed = False
-            for victim in self._ranked(cands):
+            for victim in ranked:
                 if freed >= need:
                     break
                 if isinstance(victim, Snapshot):  # a tail snapshot: one page and one slot
@@ -683,14 +698,25 @@ class FlopAware:
         per_token = c.flops_per_token + c.recurrent_flops_per_token
         per_pair, page_bytes = c.flops_per_pair, c.page_bytes
         depth, num_pages, last_access = view.depth, view.num_pages, view.last_access
+        # A view may keep the values across walks (`value_memo`: node id -> (key object, efficiency));
+        # its nodes replace `.key` whenever their span changes, so an entry holds while its key does.
+        memo = getattr(view, "value_memo", None)
         out = []
         for leaf in leaves:
+            if memo is not None:
+                m = memo.get(leaf.id)
+                if m is not None and m[0] is leaf.key:
+                    out.append((leaf, m[1], last_access(leaf)))
+                    continue
             end = depth(leaf)
             start = view.start(leaf)
             k = max(0, end - start)
             pairs = k * start + k * (k + 1) / 2
             held = num_pages(leaf) * page_bytes
-            out.append((leaf, (per_token * k + per_pair * pairs) / max(held, 1e-9), last_access(leaf)))
+            eff = (per_token * k + per_pair * pairs) / max(held, 1e-9)
+            if memo is not None:
+                memo[leaf.id] = (leaf.key, eff)
+            out.append((leaf, eff, last_access(leaf)))
         return out
 
     def _ranked(self, cands: list[tuple]) -> list:
@@ -698,6 +724,8 @@ class FlopAware:
         n = len(cands)
         if n == 1:
             return [cands[0][0]]
+        if n >= RANK_ARRAYS_FROM:
+            return self._ranked_arrays(cands)
         effs = [c[1] for c in cands]
         ages = [c[2] for c in cands]
         by_eff = sorted(range(n), key=effs.__getitem__)
@@ -710,6 +738,33 @@ class FlopAware:
             score[i] += w * r / (n - 1)
         # Worthless victims (dead KV) go first whatever their age; then the blended score.
         return [cands[i][0] for i in sorted(range(n), key=lambda i: (cands[i][1] > 0, score[i], cands[i][2]))]
+
+    def _ranked_in_order(self, cands: list[tuple], order: list) -> list:
+        """`_ranked` of `cands` sorted by `order` (distinct leaf orders, one per candidate), without
+        sorting them first where numpy ranks: the order breaks every tie instead of the position."""
+        n = len(cands)
+        if n < RANK_ARRAYS_FROM:
+            pos = sorted(range(n), key=order.__getitem__)
+            return self._ranked([cands[i] for i in pos]) if n else []
+        return self._ranked_arrays(cands, np.array(order, dtype=np.int64))
+
+    def _ranked_arrays(self, cands: list[tuple], order=None) -> list:
+        """`_ranked` in numpy, the same order: the rank sorts stable (ties by position, as `sorted`),
+        the score the same float64 operations in the same order ((1 - w) * r / (n - 1), then + w * r'
+        / (n - 1), onto 0.0), the final sort a stable lexsort by (value > 0, score, last access)."""
+        n = len(cands)
+        effs = np.array([c[1] for c in cands], dtype=np.float64)
+        ages = np.array([c[2] for c in cands], dtype=np.float64)
+        at = np.arange(n)
+        if order is None:
+            order = at  # ties by position
+        by_eff = np.empty(n, dtype=np.int64)
+        by_eff[np.lexsort((order, effs))] = at
+        by_age = np.empty(n, dtype=np.int64)
+        by_age[np.lexsort((order, ages))] = at
+        w = self.recency_weight
+        score = (1 - w) * by_eff / (n - 1) + w * by_age / (n - 1)
+        return [cands[i][0] for i in np.lexsort((order, ages, score, effs > 0)).tolist()]
 
     def _leaf_value(self, view: TreeView, leaf) -> tuple[float, float]:
         c = self.costs

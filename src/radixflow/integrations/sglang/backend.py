@@ -91,7 +91,8 @@ class SGLangTreeView:
 
     tails_empty: list = []
 
-    def __init__(self, component: FullComponent, depths: dict | None = None, keys: dict | None = None) -> None:
+    def __init__(self, component: FullComponent, depths: dict | None = None, keys: dict | None = None,
+                 values: dict | None = None) -> None:
         self.component = component
         self.core = component.tree_core
         self.unit = self.core.page_size
@@ -104,6 +105,9 @@ class SGLangTreeView:
                       and not getattr(core.kv_events, "enabled", False))
         self._depth: dict[int, int] = {} if depths is None else depths
         self._keys: dict[int, tuple] = {} if keys is None else keys  # trajectory keys by leaf id
+        # flop-aware's leaf values by node id, with the key object they were computed for (SGLang
+        # replaces a node's key whenever its span changes: `_split_node`, our `_trim`).
+        self.value_memo: dict[int, tuple] = {} if values is None else values
 
     # --------------------------------------------------------------- structure
     def leaves(self) -> list:
@@ -121,6 +125,18 @@ class SGLangTreeView:
             keyed.append((seq, n))
         keyed.sort(key=_first)
         return [n for _, n in keyed]
+
+    def unordered_leaves(self) -> tuple[list, list]:
+        """`leaves()` unsorted, with each one's leaf order (flop-aware ranks by it, sorting once)."""
+        component = self.component
+        leaves = list(self.core.evictable_device_leaves)
+        order = []
+        for n in leaves:
+            seq = n.component_data[FULL].metadata.get(LEAF)
+            if seq is None:
+                seq = n.component_data[FULL].metadata[LEAF] = component.next_leaf_seq()
+            order.append(seq)
+        return leaves, order
 
     def is_leaf(self, node) -> bool:
         return node.parent is not None and not node.children and node.id in self.core._node_arena
@@ -255,6 +271,7 @@ class RadixflowFullComponent(FullComponent):
         self._walk = None
         self._mark = 0
         self._depths: dict[int, int] = {}
+        self._values: dict[int, tuple] = {}  # flop-aware's leaf values (SGLangTreeView.value_memo)
         self._keys: dict[int, tuple] = {}  # trajectory keys by leaf id (SGLangTreeView.trajectory_key)
         self._clock = 0  # one tick per access (a lock, an insert): our index's `now`, as a counter
         self._leaf_seq = 0
@@ -412,7 +429,9 @@ class RadixflowFullComponent(FullComponent):
                     return None
                 if len(self._depths) > 4 * len(self.tree_core._node_arena) + 64:
                     self._depths.clear()  # nodes SGLang deleted on its own paths
-                view = SGLangTreeView(self, depths=self._depths, keys=self._keys)
+                if len(self._values) > 4 * len(self.tree_core._node_arena) + 64:
+                    self._values.clear()
+                view = SGLangTreeView(self, depths=self._depths, keys=self._keys, values=self._values)
                 self._view = view
                 self._whole = view.trims and need < self.tree_core.full_evictable_size()
                 if self._whole and self.cut_ahead > 1 and isinstance(self.policy, RoundRobinTail):
