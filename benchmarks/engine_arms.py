@@ -12,6 +12,7 @@ Two figures that other processes on the machine move less than T_host (wall cloc
   however the load moved while each ran; the residual (T_cpu − T_work) is what the model does not explain.
 
     PYTHONPATH=src python benchmarks/engine_arms.py --model tiny-qwen3.5 [--questions 32] [--repeat 3]
+        [--bench-flags "--kv-cache-memory 6GiB --torch-threads 2"]   # any `radixflow bench` flag
         [--arms radix:off radix:auto radixflow:off radixflow:auto]
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -50,12 +52,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--arms", nargs="+", default=["radix:off", "radix:auto", "radixflow:off", "radixflow:auto"],
                     help="policy:handoff pairs")
+    ap.add_argument("--bench-flags", default="",
+                    help="more `radixflow bench` flags, one string (e.g. a real-size model's --kv-cache-memory)")
     args = ap.parse_args()
     arms = [tuple(a.split(":")) for a in args.arms]
-    argv = ["bench", "--model", args.model, "--questions", str(args.questions)]
+    argv = ["bench", "--model", args.model, "--questions", str(args.questions), *shlex.split(args.bench_flags)]
     parser, _ = make_parser(argv)
     bargs = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(bargs.torch_threads or torch.get_num_threads())
     pl = bench.plan(bargs)
     cfg, base = pl.scheduler, pl.engine
     loaded = load_model(resolve_model(args.model), torch.device("cpu"), _dtype(base.dtype))
