@@ -3,9 +3,10 @@ and the part of it spent in the recurrent levels of dependent rows (SPEC §15, `
 
 Levels are the engine's (engine/models/batch.py `row_levels`): a dependent of a multi-token producer is
 folded into its producer's scan (no level of its own; what it adds, the scan calls of folded rows only
-and the state copies at the fold points, is priced by the calibrated per-call cost: `fold_time`, and,
-while the engine calibrates, timed inside the scans: `fold_measured`), a dependent of a 1-token
-producer runs in a separate level, timed by `LevelClock`."""
+and the state copies at the fold points, is predicted before each forward by the calibration's fold fit
+(engine/calibration.py `fold_fit`: `fold_time`) and, while the engine calibrates, timed inside the
+scans (`fold_measured`, `fold_wall`)), a dependent of a 1-token producer runs in a separate level, timed
+by `LevelClock`."""
 
 from __future__ import annotations
 
@@ -63,8 +64,8 @@ class EngineExecutor:
         self.scan_costs = None  # measured scan costs: each recurrent level picks its chunk (engine/calibration.py)
         self.calibration = None  # HandoffCalibration fed with this executor's timings (None: not measured)
         self.fold_calls = 0      # scan calls the folded dependents added, over all forwards
-        # those calls (and the fold copies) priced by the calibrated per-call cost before each forward
-        # (without a calibration: the probe's `ScanCosts.per_step`), and as measured inside the scans
+        # what the fold added, predicted from the fits of earlier forwards (without a calibration: the
+        # calls priced at the probe's `ScanCosts.per_step`), and as measured inside the scans
         self.fold_time = 0.0
         self.fold_measured = 0.0  # LevelClock.fold_measured (thread CPU time on one scan thread)
         self.fold_wall = 0.0      # the same segments on the host clock
