@@ -74,7 +74,8 @@ def _handoff_info(mode: str, choices: dict, log: list, cal, levels_log: list = (
     info: dict = {"choices": choices, "levels": HandoffCalibration(log=log).summary(),
                   "cost": levels_cost(list(levels_log)), "fold_calls": fold[0], "fold_time": fold[1],
                   "fold_measured": fold[2], "fold_wall": fold[3],
-                  "fold": fold_summary(list(fold_log), cal.fold_fit if cal is not None else None)}
+                  "fold": fold_summary(list(fold_log), cal.fold_fit if cal is not None else None),
+                  "fold_log": list(fold_log)}
     for k in ("round", "token", "row", "level", "level_row", "level_token", "level_longest_token"):
         info["levels"].pop(k, None)
     info["levels"].pop("probe_seconds", None)
@@ -158,7 +159,7 @@ def run(args) -> int:
             cal = None
             # what folded dependents added to their producers' scans: calls, predicted, measured, host clock
             fold_calls, fold_time, fold_measured, fold_wall = 0, 0.0, 0.0, 0.0
-            fold_log: list = []  # per forward that folded: (predicted, measured, calls, copies)
+            fold_log: list = []  # per forward that folded: (predicted, measured, calls, rows, copied, host clock)
             for _, brs in workloads:
                 eng = Engine(replace(base, policy=arm, scheduler=replace(cfg, handoff=mode)), loaded=loaded)
                 used = eng.scheduler_config
@@ -235,8 +236,8 @@ def run(args) -> int:
                      f"sum {1000 * fo['wall_total']:.1f} ms)")
             if fo.get("fit"):
                 f = fo["fit"]
-                line += (f"; fold fitted: {1000 * f['call']:.4f} ms/call + {1000 * f['row']:.4f} ms/row + "
-                         f"{1000 * f['copy']:.4f} ms/copy")
+                line += (f"; fold fitted: {1000 * f['call']:.4f} ms/call + {1000 * f['row']:.4f} ms/row in a call + "
+                         f"{1000 * f['copy']:.4f} ms/row copied")
         fit = info.get("fit")
         if fit:
             line += (f"; fitted: round {1000 * fit['round']:.1f} ms + {1000 * fit['token']:.3f} ms/token, level "
@@ -276,5 +277,7 @@ def run(args) -> int:
                 d["handoff_fold_measured_share"] = info["fold_measured"] / host
                 d["handoff_fold_wall"] = info["fold_wall"]
                 d["fold_prediction"] = info["fold"]
+                # per forward that folded: predicted and measured seconds, calls, rows, rows copied, host clock
+                d["fold_log"] = [list(e) for e in info["fold_log"]]
         write_json(args.json_path, payload)
     return 0

@@ -30,7 +30,7 @@ scratch cache, before the first round) and carried over from one engine to the n
   that folds (chunk_plan.py `blocked_scan`: the calls of folded rows only and the state copies at the
   fold points; batch.py `LevelClock.fold_measured`) and fitted by least absolute deviations
   (non-negative, the newest 256 forwards plus the probe's, remade every `FOLD_REFIT` forwards):
-    the fold's time = fold_call * calls + fold_row * rows those calls run + fold_copy * copies
+    the fold's time = fold_call * calls + fold_row * rows those calls run + fold_copy * rows copied
   warm-started by the probe's own folds (its forwards with dependents, at the engine's chunk), and
   before any fold was measured, the probe's per-call scan cost (`ScanCosts.per_step`). The executor
   predicts each forward's fold from the fit of the forwards before it and logs the measurement beside
@@ -124,11 +124,11 @@ class HandoffCalibration:
     probe_seconds: float = 0.0
     scan: ScanCosts | None = None  # the engine's scan costs (its fixed chunk): what a folded hand-off adds
     # folded dependents, per forward that ran any: (scan calls of folded rows only, the rows those calls
-    # ran, fold copies, measured seconds)
+    # ran, the rows whose state the fold points copied, measured seconds)
     folds: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     probe_folds: list = field(default_factory=list)
-    # every forward that folded, as the executor recorded it: (predicted, measured, calls, rows, copies,
-    # the same segments on the host clock)
+    # every forward that folded, as the executor recorded it: (predicted, measured, calls, rows, copied
+    # rows, the same segments on the host clock)
     fold_log: list[tuple[float, float, int, int, int, float]] = field(default_factory=list)
     _fold_fit: list[float] | None = None
     _fold_new: int = 0  # fold observations since the fold fit was made
@@ -153,18 +153,18 @@ class HandoffCalibration:
         if predicted is not None:
             self.log.append((predicted, seconds, rows, tokens))
 
-    def observe_fold(self, calls: int, rows: int, copies: int, seconds: float, predicted: float | None = None,
+    def observe_fold(self, calls: int, rows: int, copied: int, seconds: float, predicted: float | None = None,
                      wall: float | None = None) -> None:
         """What one forward's folded dependents added to their producers' scans (all recurrent layers:
-        `calls` scan calls of folded rows only, running `rows` rows in all, and state copies after
-        `copies` calls), the time measured in them inside the scans (`LevelClock.fold_measured`; `wall`:
-        on the host clock), and what was predicted for it."""
-        self.folds.append((calls, rows, copies, seconds))
+        `calls` scan calls of folded rows only, running `rows` rows in all, and the states of `copied`
+        folded rows copied from their producers'), the time measured in them inside the scans
+        (`LevelClock.fold_measured`; `wall`: on the host clock), and what was predicted for it."""
+        self.folds.append((calls, rows, copied, seconds))
         self._fold_new += 1
         if self._fold_new >= FOLD_REFIT:
             self._fold_fit = None
         if predicted is not None:
-            self.fold_log.append((predicted, seconds, calls, rows, copies, seconds if wall is None else wall))
+            self.fold_log.append((predicted, seconds, calls, rows, copied, seconds if wall is None else wall))
 
     def observe_base(self, ones: int, rows: int, tokens: int, longest: int, seconds: float) -> None:
         """Level 0's measured recurrent time in one forward: `ones` 1-token rows, `rows` longer rows
@@ -212,9 +212,9 @@ class HandoffCalibration:
     @property
     def fold_fit(self) -> list[float]:
         """(fold_call, fold_row, fold_copy) seconds: one scan call of folded rows only, each row it runs,
-        one fold copy, all recurrent layers together; least absolute deviations over the probe's and the
-        newest forwards' measured folds (remade every `FOLD_REFIT` forwards), and before any was
-        measured, the probe's per-call cost of the scan (`ScanCosts.per_step`)."""
+        each folded row's state copied at its fold point, all recurrent layers together; least absolute
+        deviations over the probe's and the newest forwards' measured folds (remade every `FOLD_REFIT`
+        forwards), and before any was measured, the probe's per-call cost of the scan (`ScanCosts.per_step`)."""
         if self._fold_fit is None:
             obs = self.probe_folds + list(self.folds)
             if not obs:  # not cached: the engine gives `scan` after the probe
@@ -223,9 +223,9 @@ class HandoffCalibration:
             self._fold_fit = nnls_l1([(c, r, k) for c, r, k, _ in obs], [s for *_, s in obs])
         return self._fold_fit
 
-    def predict_fold(self, calls: int, rows: int, copies: int) -> float:
+    def predict_fold(self, calls: int, rows: int, copied: int) -> float:
         a, r, b = self.fold_fit
-        return a * calls + r * rows + b * copies
+        return a * calls + r * rows + b * copied
 
     @property
     def ready(self) -> bool:
@@ -302,7 +302,7 @@ def fold_summary(log: list[tuple[float, float, int, int, int, float]], fit: list
     signed = sorted(p / m - 1 for p, m, *_ in log if m > 0)
     mm = _median(meas)
     out = {"forwards": len(log), "calls": sum(e[2] for e in log), "rows": sum(e[3] for e in log),
-           "copies": sum(e[4] for e in log), "predicted_median": _median(pred), "measured_median": mm,
+           "copied": sum(e[4] for e in log), "predicted_median": _median(pred), "measured_median": mm,
            "error": _median(pred) / mm - 1 if mm > 0 else None,
            "median_round_error": _median(signed) if signed else None,
            "median_abs_error": _median(sorted(abs(e) for e in signed)) if signed else None,
@@ -480,7 +480,7 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, scan: ScanCos
                 torch.cuda.synchronize(device)
             t = time.perf_counter() - t0
             if clock.fold_copies:  # folded dependents: every repeat is an observation of the fold's cost
-                cal.probe_folds.append((clock.fold_calls, clock.fold_rows, clock.fold_copies, clock.fold_measured))
+                cal.probe_folds.append((clock.fold_calls, clock.fold_rows, clock.fold_copied, clock.fold_measured))
             if t < best:
                 best, levels, base = t, clock.by_level, clock.base
         if hybrid:  # level 0: every row without a producer, and the folded dependents

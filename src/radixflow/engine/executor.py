@@ -127,10 +127,10 @@ class EngineExecutor:
         self.fold_calls += clock.fold_calls
         if cal is not None:
             if clock.fold_copies:  # folded dependents ran: their price (the fits of earlier rounds) and time
-                price = cal.predict_fold(clock.fold_calls, clock.fold_rows, clock.fold_copies)
+                price = cal.predict_fold(clock.fold_calls, clock.fold_rows, clock.fold_copied)
                 fold = clock.fold_measured
                 wall = clock.fold_wall
-                cal.observe_fold(clock.fold_calls, clock.fold_rows, clock.fold_copies, fold, price, wall)
+                cal.observe_fold(clock.fold_calls, clock.fold_rows, clock.fold_copied, fold, price, wall)
                 self.fold_time += price
                 self.fold_measured += fold
                 self.fold_wall += wall

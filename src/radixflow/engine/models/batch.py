@@ -129,10 +129,11 @@ class LevelClock:
     and level 0 (`base`: what the extra levels' rows are priced against, engine/calibration.py); the
     host clock on CPU, CUDA events on a GPU (read after the call, so measuring adds no synchronisation).
 
-    Folded dependents (chunk_plan.py): `fold_calls` / `fold_rows` / `fold_copies` count what they add to
-    their producers' scans (sequential calls of folded rows only, the rows those calls run, state copies
-    at the fold points), `fold_seconds` prices the calls at the probe's per-call cost, and with
-    `time_fold` (the engine sets it while it calibrates) the scans time those calls and copies:
+    Folded dependents (chunk_plan.py): `fold_calls` / `fold_rows` / `fold_copies` / `fold_copied` count
+    what they add to their producers' scans (sequential calls of folded rows only, the rows those calls
+    run, state copies at the fold points, the rows those copies start), `fold_seconds` prices the calls
+    at the probe's per-call cost, and with `time_fold` (the engine sets it while it calibrates) the
+    scans time those calls and copies:
     `fold_wall` on the host clock, `fold_measured` the same segments in the calling thread's CPU time
     where the scan runs on one thread (so time the OS gave other processes, several ms at a time on a
     shared machine, is not counted as the fold's; the host clock where it runs on more), the GPU's time
@@ -146,17 +147,19 @@ class LevelClock:
         self.fold_calls = 0         # sequential scan calls the folded dependents added (chunk_plan.py)
         self.fold_rows = 0          # the rows those calls ran (a call of n folded rows counts n)
         self.fold_copies = 0        # calls after which folded rows' states are copied (per plan, like calls)
+        self.fold_copied = 0        # the folded rows those copies start (a copy for k siblings counts k)
         self.fold_seconds = 0.0     # those calls priced by the probe's per-call cost (`ScanCosts.per_step`)
         self._fold_measured = 0.0
         self._fold_wall = 0.0
         self._fold_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
-    def fold(self, calls: int, seconds: float, copies: int = 0, rows: int = 0) -> None:
+    def fold(self, calls: int, seconds: float, copies: int = 0, rows: int = 0, copied: int = 0) -> None:
         """A level's plan: its folded dependents added `calls` scan calls running `rows` rows (all
-        recurrent layers), priced at `seconds`, and `copies` state copies."""
+        recurrent layers), priced at `seconds`, and `copies` state copies starting `copied` rows."""
         self.fold_calls += calls
         self.fold_rows += rows
         self.fold_copies += copies
+        self.fold_copied += copied
         self.fold_seconds += seconds
 
     def fold_start(self) -> object:
@@ -470,7 +473,8 @@ class Level:
             clock = self.batch.clock
             if clock is not None and plan.folds:  # once per forward and level (every recurrent layer runs it)
                 clock.fold(plan.fold_calls, plan.fold_calls * costs.per_step.get(plan.chunk, 0.0), len(plan.folds),
-                           sum(plan.steps[k][2] for k in plan.fold_only))
+                           sum(plan.steps[k][2] for k in plan.fold_only),
+                           sum(len(dst) for _, dst in plan.folds.values()))
                 if clock.time_fold:
                     plan.timer = clock
         return self._chunk_plans[key]
