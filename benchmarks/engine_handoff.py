@@ -16,7 +16,8 @@ capturing every 16 tokens, each with 5 dependents of 8-45 tokens; the engine's s
 forward with the dependents folded into their producers' scan (engine/models/batch.py `FOLD`, the
 default) and in a separate level (`FOLD = False`, the pre-fold engine), each against the same rows in
 one forward with the dependents at level 0 (resumed from snapshots, as the wait path runs them a round
-later); the scan calls the fold adds and their price by the measured per-call cost; and the separate
+later); the scan calls the fold adds, their price by the probe's per-call cost and their measured time
+(the calls of folded rows only and the fold copies, `LevelClock.fold_measured`); and the separate
 level's parts timed on their own: its scans (all recurrent layers), the conv-window gather, the page
 fork, and the host bookkeeping (levels, chunk plan, gather indices). Medians of --repeat interleaved runs.
 
@@ -164,18 +165,21 @@ def breakdown(name: str, repeat: int, device: str) -> None:
 
     def forward(rows, fold: bool) -> tuple[float, LevelClock]:
         batch_mod.FOLD = fold
-        clock = LevelClock(torch.device(device))
+        clock = LevelClock(torch.device(device), time_fold=fold)
         t0 = time.perf_counter()
         model(rows, cache, clock, costs)
         return time.perf_counter() - t0, clock
 
     forward(hand, False)  # warm-up of the separate-level path
     a, b, fo, lev, base_h, base_w, fold_calls, fold_price = [], [], [], [], [], [], 0, 0.0
+    fold_meas, fold_wall = [], []
     try:
         for _ in range(repeat):  # interleaved: folded, separate level, same rows at level 0
             t, clock = forward(hand, True)
             fo.append(t)
             fold_calls, fold_price = clock.fold_calls, clock.fold_seconds
+            fold_meas.append(clock.fold_measured)
+            fold_wall.append(clock.fold_wall)
             t, clock = forward(hand, False)
             a.append(t)
             lev.append(clock.seconds)
@@ -243,7 +247,9 @@ def breakdown(name: str, repeat: int, device: str) -> None:
     print(f"{name:16s} chunk {costs.fixed}: folded hand-off forward {tfo * 1e3:7.1f} ms | separate level "
           f"{ta * 1e3:7.1f} ms | same rows, dependents at level 0 {tb * 1e3:7.1f} ms | folded vs level 0 "
           f"{(tfo - tb) / tb:+.1%}, separate vs level 0 {(ta - tb) / tb:+.1%} | the fold adds {fold_calls} scan "
-          f"calls, priced {fold_price * 1e3:.2f} ms", flush=True)
+          f"calls, priced {fold_price * 1e3:.2f} ms by the probe's per-call cost, measured "
+          f"{statistics.median(fold_meas) * 1e3:.2f} ms ({statistics.median(fold_wall) * 1e3:.2f} ms on the host "
+          f"clock; its calls of folded rows only and its state copies)", flush=True)
     print(f"{name:16s} separate level: hand-off forward {ta * 1e3:7.1f} ms | same rows, dependents at level 0 "
           f"{tb * 1e3:7.1f} ms | extra {1e3 * (ta - tb):+6.1f} ms ({(ta - tb) / ta:+.1%}) | level 1 ({deps} rows) "
           f"{tl * 1e3:6.1f} ms of which bookkeeping {tbook * 1e3:.2f} ms; conv gather {tg * 1e3:.3f} ms "

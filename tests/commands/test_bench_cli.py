@@ -55,13 +55,19 @@ def test_bench_compares_handoff_modes_on_one_trace(tmp_path, model):
     off, auto = arms["radixflow handoff=off"], arms["radixflow handoff=auto"]
     assert off["handoff_rows"] == 0 and off["blocked_deferrals"] > 0
     # dependents of multi-token producers run folded into their scans (no level timed): only those of a
-    # 1-token producer open a level, so the levels' time may be 0; the fold is priced per scan call
+    # 1-token producer open a level, so the levels' time may be 0
     # max_levels is the engine's count: 1 where every producer was a multi-token row (all folded)
     assert auto["handoff_rows"] > 0 and auto["max_levels"] in (1, 2) and 0 <= auto["handoff_time"] < auto["host_time"]
     assert (auto["max_levels"] == 2) == (auto["handoff_time"] > 0)
     assert 0 <= auto["handoff_fold_time"] < auto["host_time"] and auto["handoff_fold_calls"] >= 0
     assert auto["handoff_fold_share"] == pytest.approx(auto["handoff_fold_time"] / auto["host_time"])
-    assert (auto["handoff_fold_time"] > 0) == (auto["handoff_fold_calls"] > 0)
+    # the fold is predicted and measured in every forward that folded (its calls and state copies),
+    # each forward's prediction logged beside its measurement
+    folds = auto["fold_prediction"]["forwards"]
+    assert folds == len(auto["fold_log"]) and auto["fold_prediction"]["calls"] == auto["handoff_fold_calls"]
+    assert (auto["handoff_fold_time"] > 0) == (auto["handoff_fold_measured"] > 0) == (folds > 0)
+    assert auto["handoff_fold_time"] == pytest.approx(sum(p for p, *_ in auto["fold_log"]))
+    assert auto["handoff_fold_measured"] == pytest.approx(sum(m for _, m, *_ in auto["fold_log"]))
     assert auto["rounds"] <= off["rounds"]
     # reuse_rate is in percent; under auto a sibling arriving (by host time, --rate) while its producer runs
     # becomes a dependent at d, one arriving after it finished hits the end snapshot: which one depends on

@@ -234,8 +234,9 @@ def test_an_engine_calibrates_and_logs_its_levels(tmp_path, mode, fold, monkeypa
     """An engine handing off starts from its probe (costs before the first round), predicts each level
     it runs and records the measured time beside the prediction; with `auto` its scheduler reads them.
     Folded (the default), the siblings of a multi-token producer open no level: nothing is logged as a
-    level, and what they add to the producer's scan is priced (`fold_time`); `batch.FOLD = False`
-    gives the separate levels back."""
+    level, and what they add to the producer's scan is priced before each forward (`fold_time`) and
+    measured inside it (`fold_measured`), both logged per forward; `batch.FOLD = False` gives the
+    separate levels back."""
     from radixflow.core.branch import Branch
     from radixflow.core.loop import run_trace
     from radixflow.engine.models import batch as batch_mod
@@ -249,7 +250,7 @@ def test_an_engine_calibrates_and_logs_its_levels(tmp_path, mode, fold, monkeypa
     cal = eng.executor.calibration
     assert cal.handoff_costs() is not None and cal.probe_seconds > 0 and eng.executor.scan_costs is not None
     assert (eng.scheduler.handoff_source is cal) == (mode == "auto")
-    before = len(cal.log)
+    before, folds_before = len(cal.log), len(cal.fold_log)
     branches = [Branch(b.request_id, b.index, tuple(t % 256 for t in b.prompt), namespace=b.namespace,
                        max_new_tokens=2) for b in make_branches(1, doc_len=200, tail=3)]
     run_trace(eng.scheduler, eng.executor, branches)
@@ -259,11 +260,14 @@ def test_an_engine_calibrates_and_logs_its_levels(tmp_path, mode, fold, monkeypa
     assert (cal.handoff_costs().fold_step is not None) == fold
     if fold:  # every producer here is a multi-token row: its dependents fold, no level runs
         assert taken == [] and all(r.handoff_time == 0 and r.levels == 1 for r in eng.scheduler.rounds)
-        assert eng.executor.fold_time == pytest.approx(
-            eng.executor.fold_calls * eng.executor.scan_costs.per_step[eng.executor.scan_costs.fixed])
+        folds = cal.fold_log[folds_before:]
+        assert folds and all(p > 0 and m > 0 and w > 0 for p, m, *_, w in folds)
+        assert eng.executor.fold_calls == sum(e[2] for e in folds)
+        assert eng.executor.fold_time == pytest.approx(sum(p for p, *_ in folds))
+        assert eng.executor.fold_measured == pytest.approx(sum(m for _, m, *_ in folds))
     else:
         assert len(taken) == sum(r.levels - 1 for r in eng.scheduler.rounds)
-        assert eng.executor.fold_calls == 0 and eng.executor.fold_time == 0
+        assert eng.executor.fold_calls == 0 and eng.executor.fold_time == 0 and eng.executor.fold_measured == 0
     if mode == "on":  # hands off wherever it can: here the 3 siblings (in one level when not folded)
         assert eng.scheduler.handoff_choices[HANDOFF] == 3 and len(taken) == (0 if fold else 1)
 

@@ -62,16 +62,20 @@ def _handoff_modes(text: str) -> tuple[str, ...]:
 
 
 def _handoff_info(mode: str, choices: dict, log: list, cal, levels_log: list = (),
-                  fold: tuple[int, float] = (0, 0.0)) -> dict | None:
+                  fold: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0), fold_log: list = ()) -> dict | None:
     """What the hand-off rule chose in one run, how the engine's calibrated cost model predicted the
     levels it took, their cost gross and marginal (engine/calibration.py), and what the folded
-    dependents added to their producers' scans (`fold`: scan calls, seconds); None for `off`."""
+    dependents added to their producers' scans (`fold`: scan calls, predicted, measured and host-clock seconds;
+    `fold_log`: per forward, predicted beside measured); None for `off`."""
     if mode == "off":
         return None
-    from radixflow.engine.calibration import HandoffCalibration, levels_cost
+    from radixflow.engine.calibration import HandoffCalibration, fold_summary, levels_cost
 
     info: dict = {"choices": choices, "levels": HandoffCalibration(log=log).summary(),
-                  "cost": levels_cost(list(levels_log)), "fold_calls": fold[0], "fold_time": fold[1]}
+                  "cost": levels_cost(list(levels_log)), "fold_calls": fold[0], "fold_time": fold[1],
+                  "fold_measured": fold[2], "fold_wall": fold[3],
+                  "fold": fold_summary(list(fold_log), cal.fold_fit if cal is not None else None),
+                  "fold_log": list(fold_log)}
     for k in ("round", "token", "row", "level", "level_row", "level_token", "level_longest_token"):
         info["levels"].pop(k, None)
     info["levels"].pop("probe_seconds", None)
@@ -153,7 +157,9 @@ def run(args) -> int:
             log: list = []
             levels_log: list = []  # (measured, level-0 equivalent) of every extra level
             cal = None
-            fold_calls, fold_time = 0, 0.0  # what folded dependents added to their producers' scans
+            # what folded dependents added to their producers' scans: calls, predicted, measured, host clock
+            fold_calls, fold_time, fold_measured, fold_wall = 0, 0.0, 0.0, 0.0
+            fold_log: list = []  # per forward that folded: (predicted, measured, calls, rows, copied, host clock)
             for _, brs in workloads:
                 eng = Engine(replace(base, policy=arm, scheduler=replace(cfg, handoff=mode)), loaded=loaded)
                 used = eng.scheduler_config
@@ -161,6 +167,7 @@ def run(args) -> int:
                 cal = eng.executor.calibration
                 since = len(cal.log) if cal is not None else 0
                 since_levels = len(cal.levels_log) if cal is not None else 0
+                since_folds = len(cal.fold_log) if cal is not None else 0
                 res = run_trace(eng.scheduler, eng.executor, copies, progress=lambda n: bar.advance(task, n))
                 parts.append(measure(label, res))
                 first.update({b.key: b.output[0] for b in copies if b.output})
@@ -168,11 +175,15 @@ def run(args) -> int:
                     choices[k] += v
                 fold_calls += eng.executor.fold_calls
                 fold_time += eng.executor.fold_time
+                fold_measured += eng.executor.fold_measured
+                fold_wall += eng.executor.fold_wall
                 if cal is not None:
                     log += cal.log[since:]
                     levels_log += cal.levels_log[since_levels:]
+                    fold_log += cal.fold_log[since_folds:]
             results.append(merge(label, parts))
-            handoff_info.append(_handoff_info(mode, choices, log, cal, levels_log, (fold_calls, fold_time)))
+            handoff_info.append(_handoff_info(mode, choices, log, cal, levels_log,
+                                              (fold_calls, fold_time, fold_measured, fold_wall), fold_log))
             firsts.append(first)
     wall = time.perf_counter() - t0
     print_arms(results, f"{args.model} on {args.device} — S={cfg.max_num_seqs}, T={cfg.max_num_batched_tokens}, "
@@ -197,9 +208,12 @@ def run(args) -> int:
                          f" % of T_host (gross less the same rows priced at level 0: "
                          f"{cost['level0_equivalent']:.3f} s)")
             if info is not None:
-                line += (f"; folded into their producers' scans: +{info['fold_calls']} scan calls, "
-                         f"{1000 * info['fold_time']:.1f} ms = {100 * info['fold_time'] / max(r.host_time, 1e-12):.2f}"
-                         f" % of T_host (priced by the measured per-call cost)")
+                host = max(r.host_time, 1e-12)
+                line += (f"; folded into their producers' scans: +{info['fold_calls']} scan calls, predicted "
+                         f"{1000 * info['fold_time']:.1f} ms = {100 * info['fold_time'] / host:.2f} % of T_host, "
+                         f"measured {1000 * info['fold_measured']:.1f} ms = "
+                         f"{100 * info['fold_measured'] / host:.2f} % of T_host ({1000 * info['fold_wall']:.1f} ms "
+                         f"on the host clock)")
             print(line)
     for r, info in zip(results, handoff_info):
         if info is None:
@@ -211,6 +225,19 @@ def run(args) -> int:
             line += (f"; levels taken {p['levels']}: calibrated prediction median "
                      f"{1000 * p['predicted_median']:.1f} ms vs measured median {1000 * p['measured_median']:.1f} ms "
                      f"({100 * err:+.1f} %), median error per level {100 * p['median_error']:.0f} %")
+        fo = info["fold"]
+        if fo["forwards"]:
+            err = "n/a" if fo["error"] is None else f"{100 * fo['error']:+.1f} %"
+            line += (f"; hand-off cost (folded, {fo['forwards']} rounds): predicted median "
+                     f"{1000 * fo['predicted_median']:.3f} ms vs measured median {1000 * fo['measured_median']:.3f} ms "
+                     f"per hand-off round (err {err}; per round: median {100 * fo['median_round_error']:+.0f} %, "
+                     f"median size {100 * fo['median_abs_error']:.0f} %; sums {1000 * fo['predicted_total']:.1f} vs "
+                     f"{1000 * fo['measured_total']:.1f} ms; host clock: median {1000 * fo['wall_median']:.3f} ms, "
+                     f"sum {1000 * fo['wall_total']:.1f} ms)")
+            if fo.get("fit"):
+                f = fo["fit"]
+                line += (f"; fold fitted: {1000 * f['call']:.4f} ms/call + {1000 * f['row']:.4f} ms/row in a call + "
+                         f"{1000 * f['copy']:.4f} ms/row copied")
         fit = info.get("fit")
         if fit:
             line += (f"; fitted: round {1000 * fit['round']:.1f} ms + {1000 * fit['token']:.3f} ms/token, level "
@@ -246,5 +273,11 @@ def run(args) -> int:
                 d["handoff_fold_calls"] = info["fold_calls"]
                 d["handoff_fold_time"] = info["fold_time"]
                 d["handoff_fold_share"] = info["fold_time"] / host
+                d["handoff_fold_measured"] = info["fold_measured"]
+                d["handoff_fold_measured_share"] = info["fold_measured"] / host
+                d["handoff_fold_wall"] = info["fold_wall"]
+                d["fold_prediction"] = info["fold"]
+                # per forward that folded: predicted and measured seconds, calls, rows, rows copied, host clock
+                d["fold_log"] = [list(e) for e in info["fold_log"]]
         write_json(args.json_path, payload)
     return 0

@@ -26,9 +26,17 @@ scratch cache, before the first round) and carried over from one engine to the n
   The executor records (measured, level-0 equivalent) of every level in `levels_log`; `bench` and
   `/metrics` report both sums (docs/handoff.md).
 - Folded dependents (engine/models/batch.py `FOLD`: a dependent of a multi-token producer runs in its
-  producer's chunked scan, no level): `auto` prices such a hand-off by the scan calls it adds times the
-  probe's measured cost of one call at the engine's chunk (`HandoffCosts.fold_step`, from `scan`); the
-  level fits above then price only the separate levels of 1-token producers' dependents.
+  producer's chunked scan, no level). What the fold adds is measured inside the scans of every forward
+  that folds (chunk_plan.py `blocked_scan`: the calls of folded rows only and the state copies at the
+  fold points; batch.py `LevelClock.fold_measured`) and fitted by least absolute deviations
+  (non-negative, the newest 256 forwards plus the probe's, remade every `FOLD_REFIT` forwards):
+    the fold's time = fold_call * calls + fold_row * rows those calls run + fold_copy * rows copied
+  warm-started by the probe's own folds (its forwards with dependents, at the engine's chunk), and
+  before any fold was measured, the probe's per-call scan cost (`ScanCosts.per_step`). The executor
+  predicts each forward's fold from the fit of the forwards before it and logs the measurement beside
+  it (`fold_log`; `bench` prints both). `auto` prices a folded hand-off by the calls it adds, each at
+  `fold_call + fold_row` (`HandoffCosts.fold_step`); the level fits above then price only the separate
+  levels of 1-token producers' dependents.
 """
 
 from __future__ import annotations
@@ -50,30 +58,51 @@ from radixflow.engine.models.chunk_plan import ScanCosts, build_chunk_plan, chun
 
 WINDOW = 256  # observations kept per fit (the newest)
 BASE_REFIT = 16  # level 0's fit is remade after this many new rounds (a refit costs ~2 ms on a CPU)
+FOLD_REFIT = 4  # the fold's fit (least absolute deviations, ~1.5-3 ms on a CPU) after this many new forwards
 
 
 def nnls(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:
     """Least squares with every coefficient >= 0, by trying each subset of free coefficients (few): the
     normal equations are formed once, so a refit costs microseconds whatever the window."""
-    k = len(rows[0])
     a = np.asarray(rows, dtype=np.float64)
     y = np.asarray(ys, dtype=np.float64)
-    gram, rhs, yy = a.T @ a, a.T @ y, float(y @ y)
+    return _nnls_normal(a.T @ a, a.T @ y, float(y @ y))
+
+
+def _nnls_normal(gram: np.ndarray, rhs: np.ndarray, yy: float) -> list[float]:
+    """`nnls` from its normal equations (gram = A'A, rhs = A'y, yy = y'y)."""
+    k = len(rhs)
     best, best_err = [0.0] * k, yy
     for size in range(1, k + 1):
         for cols in combinations(range(k), size):
             idx = list(cols)
-            sol, *_ = np.linalg.lstsq(gram[np.ix_(idx, idx)], rhs[idx], rcond=None)
+            g = gram[np.ix_(idx, idx)]
+            sol, *_ = np.linalg.lstsq(g, rhs[idx], rcond=None)
             if (sol < 0).any():
                 continue
             # |a x - y|^2 = x'Gx - 2 x'b + y'y
-            err = float(sol @ gram[np.ix_(idx, idx)] @ sol - 2 * sol @ rhs[idx] + yy)
+            err = float(sol @ g @ sol - 2 * sol @ rhs[idx] + yy)
             if err < best_err - 1e-18 * max(1.0, yy):
                 coef = [0.0] * k
                 for c, v in zip(cols, sol.tolist()):
                     coef[c] = v
                 best, best_err = coef, err
     return best
+
+
+def nnls_l1(rows: list[tuple[float, ...]], ys: list[float], iters: int = 12) -> list[float]:
+    """Least absolute deviations with every coefficient >= 0 (iteratively reweighted `nnls`): the fit
+    follows the typical observation, not the few a busy machine stretched by several times."""
+    a = np.asarray(rows, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    floor = 1e-3 * max(float(np.median(np.abs(y))), 1e-12)
+    w = np.ones(len(y))
+    coef = [0.0] * a.shape[1]
+    for _ in range(iters):
+        aw = a * w[:, None]
+        coef = _nnls_normal(aw.T @ a, aw.T @ y, float((w * y) @ y))
+        w = 1.0 / np.maximum(np.abs(a @ np.asarray(coef) - y), floor)
+    return coef
 
 
 @dataclass
@@ -94,6 +123,15 @@ class HandoffCalibration:
     levels_log: list[tuple[float, float]] = field(default_factory=list)
     probe_seconds: float = 0.0
     scan: ScanCosts | None = None  # the engine's scan costs (its fixed chunk): what a folded hand-off adds
+    # folded dependents, per forward that ran any: (scan calls of folded rows only, the rows those calls
+    # ran, the rows whose state the fold points copied, measured seconds)
+    folds: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    probe_folds: list = field(default_factory=list)
+    # every forward that folded, as the executor recorded it: (predicted, measured, calls, rows, copied
+    # rows, the same segments on the host clock)
+    fold_log: list[tuple[float, float, int, int, int, float]] = field(default_factory=list)
+    _fold_fit: list[float] | None = None
+    _fold_new: int = 0  # fold observations since the fold fit was made
     _round_fit: list[float] | None = None
     _level_fit: list[float] | None = None
     _base_fit: list[float] | None = None
@@ -114,6 +152,19 @@ class HandoffCalibration:
         self._level_fit = None
         if predicted is not None:
             self.log.append((predicted, seconds, rows, tokens))
+
+    def observe_fold(self, calls: int, rows: int, copied: int, seconds: float, predicted: float | None = None,
+                     wall: float | None = None) -> None:
+        """What one forward's folded dependents added to their producers' scans (all recurrent layers:
+        `calls` scan calls of folded rows only, running `rows` rows in all, and the states of `copied`
+        folded rows copied from their producers'), the time measured in them inside the scans
+        (`LevelClock.fold_measured`; `wall`: on the host clock), and what was predicted for it."""
+        self.folds.append((calls, rows, copied, seconds))
+        self._fold_new += 1
+        if self._fold_new >= FOLD_REFIT:
+            self._fold_fit = None
+        if predicted is not None:
+            self.fold_log.append((predicted, seconds, calls, rows, copied, seconds if wall is None else wall))
 
     def observe_base(self, ones: int, rows: int, tokens: int, longest: int, seconds: float) -> None:
         """Level 0's measured recurrent time in one forward: `ones` 1-token rows, `rows` longer rows
@@ -159,6 +210,24 @@ class HandoffCalibration:
         return self._level_fit
 
     @property
+    def fold_fit(self) -> list[float]:
+        """(fold_call, fold_row, fold_copy) seconds: one scan call of folded rows only, each row it runs,
+        each folded row's state copied at its fold point, all recurrent layers together; least absolute
+        deviations over the probe's and the newest forwards' measured folds (remade every `FOLD_REFIT`
+        forwards), and before any was measured, the probe's per-call cost of the scan (`ScanCosts.per_step`)."""
+        if self._fold_fit is None:
+            obs = self.probe_folds + list(self.folds)
+            if not obs:  # not cached: the engine gives `scan` after the probe
+                return [self.scan.per_step.get(self.scan.fixed, 0.0) if self.scan is not None else 0.0, 0.0, 0.0]
+            self._fold_new = 0
+            self._fold_fit = nnls_l1([(c, r, k) for c, r, k, _ in obs], [s for *_, s in obs])
+        return self._fold_fit
+
+    def predict_fold(self, calls: int, rows: int, copied: int) -> float:
+        a, r, b = self.fold_fit
+        return a * calls + r * rows + b * copied
+
+    @property
     def ready(self) -> bool:
         return bool(self.rounds or self.probe_rounds) and bool(self.levels or self.probe_levels)
 
@@ -185,8 +254,13 @@ class HandoffCalibration:
         step, chunk = None, 0
         if batch_mod.FOLD and self.scan is not None and self.scan.fixed is not None:
             chunk = self.scan.fixed
-            step = self.scan.per_step.get(chunk, 0.0)
+            step = self.fold_fit[0] + self.fold_fit[1]  # a call with the consumer's row, as measured
         return HandoffCosts(level=f, token=tok, round=a, level_row=r, wait=wait, fold_step=step, fold_chunk=chunk)
+
+    def fold_summary(self, since: int = 0) -> dict:
+        """Predicted vs measured fold cost per forward that folded (from the `since`-th on): medians,
+        sums and the fit."""
+        return fold_summary(self.fold_log[since:], self.fold_fit)
 
     def summary(self, since: int = 0) -> dict:
         """Predicted vs measured time of the levels taken (from the `since`-th on: medians), and the fits."""
@@ -217,6 +291,28 @@ def levels_cost(log: list[tuple[float, float]]) -> dict[str, float]:
     return {"levels": len(log), "gross": gross, "level0_equivalent": equiv, "marginal": gross - equiv}
 
 
+def fold_summary(log: list[tuple[float, float, int, int, int, float]], fit: list[float] | None = None) -> dict:
+    """`HandoffCalibration.fold_log` entries: how many forwards folded, their predicted and measured
+    fold cost per forward (medians, and the median's error), the median of each forward's own error
+    (predicted / measured - 1: its bias) and of its size, the sums, the host clock's median and sum
+    (`wall_*`), and the fit."""
+    pred = sorted(p for p, *_ in log)
+    meas = sorted(m for _, m, *_ in log)
+    wall = sorted(e[5] for e in log)
+    signed = sorted(p / m - 1 for p, m, *_ in log if m > 0)
+    mm = _median(meas)
+    out = {"forwards": len(log), "calls": sum(e[2] for e in log), "rows": sum(e[3] for e in log),
+           "copied": sum(e[4] for e in log), "predicted_median": _median(pred), "measured_median": mm,
+           "error": _median(pred) / mm - 1 if mm > 0 else None,
+           "median_round_error": _median(signed) if signed else None,
+           "median_abs_error": _median(sorted(abs(e) for e in signed)) if signed else None,
+           "predicted_total": sum(pred), "measured_total": sum(meas), "wall_median": _median(wall),
+           "wall_total": sum(wall)}
+    if fit is not None:
+        out["fit"] = {"call": fit[0], "row": fit[1], "copy": fit[2]}
+    return out
+
+
 def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2] if xs else 0.0
 
@@ -245,12 +341,14 @@ def engine_scan_costs(model, interval: int) -> ScanCosts | None:
     return replace(costs, fixed=costs.choose(shapes))
 
 
-def calibration(model, block_size: int) -> HandoffCalibration:
-    """The model's calibration: probed on first use, then carried from engine to engine (the last run's)."""
+def calibration(model, block_size: int, scan: ScanCosts | None = None) -> HandoffCalibration:
+    """The model's calibration: probed on first use (at `scan`'s chunk: the first engine's, so the probe's
+    folds run the calls the engine's do; None: each probe forward picks its own), then carried from
+    engine to engine (the last run's)."""
     if model not in _CALIB:
         cal = HandoffCalibration()
         t0 = time.perf_counter()
-        _probe_rounds(model, block_size, cal)
+        _probe_rounds(model, block_size, cal, scan)
         cal.probe_seconds = time.perf_counter() - t0
         _CALIB[model] = cal
     return _CALIB[model]
@@ -346,12 +444,14 @@ def _probe_scans(model, repeat: int = 3) -> ScanCosts | None:
     return ScanCosts(per_slot, per_step)
 
 
-def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int = 2) -> None:
+def _probe_rounds(model, block_size: int, cal: HandoffCalibration, scan: ScanCosts | None = None,
+                  repeat: int = 2) -> None:
     """Warm start: synthetic forwards through a scratch cache, plain rows (the round fit) and a producer
-    with dependents of a few sizes (the level fit), best of `repeat` each."""
+    with dependents of a few sizes (the level fit, and the fold fit from every repeat), best of `repeat`
+    each."""
     hybrid = model.is_hybrid
     device = next(model.parameters()).device
-    costs = scan_costs(model) if hybrid else None
+    costs = (scan or scan_costs(model)) if hybrid else None
     gen = torch.Generator().manual_seed(0)
     vocab = min(model.vocab_size, 256)
 
@@ -371,7 +471,7 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
     def timed(rows: list[RowInput]) -> tuple[float, dict[int, float]]:
         best, levels, base = float("inf"), {}, 0.0
         for _ in range(repeat):
-            clock = LevelClock(device)
+            clock = LevelClock(device, time_fold=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
@@ -379,6 +479,8 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t = time.perf_counter() - t0
+            if clock.fold_copies:  # folded dependents: every repeat is an observation of the fold's cost
+                cal.probe_folds.append((clock.fold_calls, clock.fold_rows, clock.fold_copied, clock.fold_measured))
             if t < best:
                 best, levels, base = t, clock.by_level, clock.base
         if hybrid:  # level 0: every row without a producer, and the folded dependents
@@ -413,4 +515,4 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, repeat: int =
         cal.lengths.append(t)
         if levels:  # a separate level ran (folded dependents run in level 0)
             cal.probe_levels.append((len(deps), sum(n for _, n in deps), max(n for _, n in deps), extra))
-    cal._round_fit = cal._level_fit = cal._base_fit = None
+    cal._round_fit = cal._level_fit = cal._base_fit = cal._fold_fit = None

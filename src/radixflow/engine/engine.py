@@ -73,7 +73,7 @@ class Engine:
         if model.is_hybrid:  # the engine's own costs: scan chunks always, `auto`'s rule when it decides
             self.executor.scan_costs = engine_scan_costs(model, sc.state_interval)
             if sc.handoff != "off":  # measured and predicted either way; `auto` decides by it
-                self.executor.calibration = calibration(model, sc.block_size)
+                self.executor.calibration = calibration(model, sc.block_size, self.executor.scan_costs)
                 self.executor.calibration.scan = self.executor.scan_costs  # prices a folded hand-off
             if sc.handoff == "auto":
                 self.scheduler.handoff_source = self.executor.calibration

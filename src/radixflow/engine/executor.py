@@ -2,9 +2,11 @@
 and the part of it spent in the recurrent levels of dependent rows (SPEC §15, `ExecResult.handoff_time`).
 
 Levels are the engine's (engine/models/batch.py `row_levels`): a dependent of a multi-token producer is
-folded into its producer's scan (no level of its own; what it adds, the scan calls it makes longer,
-is priced by the measured per-call cost: `fold_time`), a dependent of a 1-token producer runs in a
-separate level, timed by `LevelClock`."""
+folded into its producer's scan (no level of its own; what it adds, the scan calls of folded rows only
+and the state copies at the fold points, is predicted before each forward by the calibration's fold fit
+(engine/calibration.py `fold_fit`: `fold_time`) and, while the engine calibrates, timed inside the
+scans (`fold_measured`, `fold_wall`)), a dependent of a 1-token producer runs in a separate level, timed
+by `LevelClock`."""
 
 from __future__ import annotations
 
@@ -62,7 +64,11 @@ class EngineExecutor:
         self.scan_costs = None  # measured scan costs: each recurrent level picks its chunk (engine/calibration.py)
         self.calibration = None  # HandoffCalibration fed with this executor's timings (None: not measured)
         self.fold_calls = 0      # scan calls the folded dependents added, over all forwards
-        self.fold_time = 0.0     # those calls priced by the measured per-call cost (`ScanCosts.per_step`)
+        # what the fold added, predicted from the fits of earlier forwards (without a calibration: the
+        # calls priced at the probe's `ScanCosts.per_step`), and as measured inside the scans
+        self.fold_time = 0.0
+        self.fold_measured = 0.0  # LevelClock.fold_measured (thread CPU time on one scan thread)
+        self.fold_wall = 0.0      # the same segments on the host clock
 
     def execute(self, batch: Batch) -> ExecResult:
         cal = self.calibration  # the levels' predictions are the scheduler's side: made before the clock starts
@@ -87,7 +93,7 @@ class EngineExecutor:
         for f in batch.fragments:  # a resume inside a page starts from a copy of that page's K/V
             for src, dst in f.copies_before:
                 self.cache.copy_page(src, dst)
-        clock = LevelClock(self.device)
+        clock = LevelClock(self.device, time_fold=cal is not None)
         logits = self.model(rows, self.cache, clock, self.scan_costs)
         for f in batch.fragments:  # an exact-depth checkpoint keeps its own copy of the partial page
             for src, dst in f.copies_after:
@@ -119,8 +125,15 @@ class EngineExecutor:
         host = time.perf_counter() - t0
         measured = clock.by_level
         self.fold_calls += clock.fold_calls
-        self.fold_time += clock.fold_seconds
         if cal is not None:
+            if clock.fold_copies:  # folded dependents ran: their price (the fits of earlier rounds) and time
+                price = cal.predict_fold(clock.fold_calls, clock.fold_rows, clock.fold_copied)
+                fold = clock.fold_measured
+                wall = clock.fold_wall
+                cal.observe_fold(clock.fold_calls, clock.fold_rows, clock.fold_copied, fold, price, wall)
+                self.fold_time += price
+                self.fold_measured += fold
+                self.fold_wall += wall
             for k, (r, n, longest) in levels.items():
                 cal.observe_level(r, n, longest, measured.get(k, 0.0), predicted.get(k))
             if getattr(self.model, "is_hybrid", False):
@@ -130,6 +143,8 @@ class EngineExecutor:
                     ones, r, n, _ = parts[k]
                     cal.record_level(ones, r, n, measured.get(k, 0.0))
             cal.observe_round(len(batch.fragments), batch.num_tokens, host - sum(measured.values()), host)
+        else:
+            self.fold_time += clock.fold_seconds
         ran = max(_row_levels(batch), default=0) + 1 if getattr(self.model, "is_hybrid", False) else 1
         return ExecResult(host, samples, handoff_time=sum(measured.values()), levels=ran)
 

@@ -16,7 +16,11 @@ dependent's start (a cut, like a capture), and its local state is the producer's
 copied inside the scan). The local rows are then ordered folded rows first, so that at each step the
 active rows are one contiguous run wherever possible (`_fold_schedule`); a step whose active rows are not
 contiguous is split into one scan call per run. `base_calls` is what the plan would take without its
-folded rows: the fold's extra sequential calls are `fold_calls`.
+folded rows: the fold's extra sequential calls are `fold_calls`, and they are exactly the calls whose
+rows are all folded rows (`fold_only`: the rows without a producer are one run at every step, so each
+step with one of them active has one call holding them). With a `timer` (batch.py `LevelClock`, set
+while the engine calibrates) `blocked_scan` times those calls and the state copies at the fold points:
+the fold's measured cost, beside its price.
 
 The chunk is chosen by measured cost (`ScanCosts.choose`) when the caller gives scan costs: per level,
 or once for every level (`ScanCosts.fixed`: the engine picks it for segments of its state interval, so
@@ -30,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Protocol
 
 import torch
 
@@ -52,6 +57,8 @@ class ChunkPlan:
 
     all_tokens: bool = False        # token_index is every packed token, in order (no 1-token rows)
     base_calls: int = 0             # scan calls of the same plan without its folded rows
+    fold_only: frozenset[int] = frozenset()  # the calls running folded rows only (len == fold_calls)
+    timer: FoldTimer | None = None  # times the fold_only calls and the fold copies (None: not measured)
 
     @property
     def fold_calls(self) -> int:
@@ -80,6 +87,14 @@ class ChunkPlan:
         return buf.view(-1, self.chunk, heads, width).transpose(1, 2).contiguous()
 
 
+class FoldTimer(Protocol):
+    """What `blocked_scan` reports the fold's own work to (batch.py `LevelClock`)."""
+
+    def fold_start(self) -> object: ...
+
+    def fold_stop(self, token: object) -> None: ...
+
+
 def blocked_scan(plan: ChunkPlan, inputs: tuple[torch.Tensor, ...], state: torch.Tensor,
                  intra: Callable[..., tuple[torch.Tensor, ...]],
                  step: Callable[..., tuple[torch.Tensor, torch.Tensor]],
@@ -92,23 +107,31 @@ def blocked_scan(plan: ChunkPlan, inputs: tuple[torch.Tensor, ...], state: torch
     matrix) instead of all chunks at once, so on CPU its intermediates stay in cache while the
     scan consumes them. save(local_rows, slots) is called after each call that has captures, and
     hand(local_rows, dependent_rows) after each call that has hand-offs; a folded dependent's state is
-    copied from its producer's local row after the producer's call that reaches its start.
+    copied from its producer's local row after the producer's call that reaches its start. With
+    `plan.timer`, the calls of folded rows only and those copies are timed (the fold's measured cost).
     """
+    timer = plan.timer if plan.folds else None
     per_chunk = inputs[0][0].numel() // max(inputs[0].shape[-1], 1) * plan.chunk  # ~ H * C * C
     budget = len(plan.steps) * len(plan.rows) if inputs[0].is_cuda else max(1, _BLOCK_ELEMS // per_chunk)
     for c0, c1, group in _step_groups(plan, budget):
         pre = intra(*(t[c0:c1] for t in inputs))
         for s, first, lo, n in group:
             f = first - c0
+            tick = timer.fold_start() if timer is not None and s in plan.fold_only else None
             # active rows are local lo..lo+n-1 and their chunks first..first+n-1: views, no gathers
             out[first:first + n], state[lo:lo + n] = step(state[lo:lo + n], *(t[f:f + n] for t in pre))
+            if tick is not None:
+                timer.fold_stop(tick)
             if s in plan.captures:
                 save(*plan.captures[s])
             if hand is not None and s in plan.handoffs:
                 hand(*plan.handoffs[s])
             if s in plan.folds:
+                tick = timer.fold_start() if timer is not None else None
                 src, dst = plan.folds[s]
                 state.index_copy_(0, dst, state.index_select(0, src))
+                if tick is not None:
+                    timer.fold_stop(tick)
 
 
 _BLOCK_ELEMS = 1 << 19
@@ -207,6 +230,7 @@ def build_chunk_plan(rows: list[tuple[int, int, int, list[tuple[int, int]]]], ch
     folded = folded or {}
     per_row = [row_chunks(off, n, cuts, chunk, hands.get(i, ())) for i, off, n, cuts in rows]
     order, start, calls = _fold_schedule(rows, per_row, folded)
+    num_folded = sum(rows[r][0] in folded for r in order)  # folded rows are the first local rows
     local_of = {r: lane for lane, r in enumerate(order)}
     lane_of_row = {rows[r][0]: lane for lane, r in enumerate(order)}
     slot_of: dict[int, int] = {}        # packed token index -> slot in the [M * chunk] layout
@@ -241,7 +265,8 @@ def build_chunk_plan(rows: list[tuple[int, int, int, list[tuple[int, int]]]], ch
     base = max((len(per_row[r][0]) for r in range(len(rows)) if rows[r][0] not in folded), default=0)
     return ChunkPlan([rows[r][0] for r in order], chunk, num_slots, t(tokens), t([slot_of[k] for k in tokens]),
                      steps, _pairs(captures, t), _pairs(handed, t), _pairs(folds, t),
-                     all_tokens=len(tokens) == num_tokens, base_calls=base)
+                     all_tokens=len(tokens) == num_tokens, base_calls=base,
+                     fold_only=frozenset(k for k, (_, lo, n) in enumerate(calls) if lo + n <= num_folded))
 
 
 def _fold_schedule(rows: list[tuple[int, int, int, list[tuple[int, int]]]],

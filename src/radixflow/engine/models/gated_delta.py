@@ -7,8 +7,12 @@ Chunked form (chunk of C tokens, G = cumulative g inside the chunk, Gamma_ij = e
     (I + A) U = beta V,  (I + A) W = beta exp(G) K,   A_ij = beta_i Gamma_ij k_i.k_j  for j < i
     U' = U - W S;   O = (Q exp(G)) S + (Q K^T * Gamma, j <= i) U';   S <- exp(G_C) S + (K exp(G_C - G))^T U'
 The intra-chunk part is batched over the chunks of all rows (in cache-sized blocks on CPU); only the
-short state update loops, one step per chunk position. With dependent rows (SPEC §15) this runs once
-per level: a level's rows hand their states at the dependents' depths to the next level's rows.
+short state update loops, one step per chunk position. With dependent rows (SPEC §15) the scan runs
+once per recurrent level of the call (batch.py `row_levels`): a dependent of a multi-token producer is
+folded into its producer's scan (chunk_plan.py: further rows of the same plan, starting from the
+producer's state at their depth), so a call whose producers are all multi-token rows runs it once;
+only a 1-token (decode) producer's dependents form a level of their own, to which the level before
+hands its rows' states at the dependents' depths.
 """
 
 from __future__ import annotations

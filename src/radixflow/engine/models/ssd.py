@@ -6,7 +6,8 @@ Per head, with state S [P, N], scalar decay a_t = dt_t * A <= 0 and B_t, C_t sha
 Chunked form (cum = cumulative a inside a chunk, L_ij = exp(cum_i - cum_j) for j <= i):
     Y = ((C B^T) * L) (dt X)  +  exp(cum) * (C S^T);   S <- exp(cum_C) S + (dt X * exp(cum_C - cum))^T B
 Heads are kept as [groups, heads per group] so B and C are never copied per head. With dependent
-rows (SPEC §15) the scan runs once per level, each level handing states to the next (gated_delta.py).
+rows (SPEC §15) the scan runs once per recurrent level of the call: dependents of multi-token producers
+are folded into their producers' scan, only a 1-token producer's dependents open a level (gated_delta.py).
 """
 
 from __future__ import annotations
