@@ -89,7 +89,7 @@ class EngineLoop:
         self._choices_seen: dict[str, int] = {}  # hand-off choices and calibration log entries reported so far
         self._log_seen = 0
         self._levels_seen = 0  # entries of the calibration's levels_log reported so far
-        self._fold_seen = 0.0  # the executor's fold_time reported so far
+        self._fold_seen = (0.0, 0.0)  # the executor's fold_time and fold_measured reported so far
         self._in_flight = 0  # accepted requests not finished, failed or aborted
         self._live: dict[str, Submission] = {}  # engine thread only
         self._thread = threading.Thread(target=self._main, name="radixflow-engine", daemon=True)
@@ -258,10 +258,11 @@ class EngineLoop:
         levels = cal.levels_log if cal is not None else []
         start = min(self._log_seen, len(log))
         start_levels = min(self._levels_seen, len(levels))
-        fold = self.engine.executor.fold_time
+        ex = self.engine.executor
+        fold = (ex.fold_time, ex.fold_measured)
         self.metrics.observe_handoff({k: v - self._choices_seen.get(k, 0) for k, v in choices.items()},
                                      sum(p for p, *_ in log[start:]), sum(e for _, e in levels[start_levels:]),
-                                     fold - self._fold_seen)
+                                     fold[0] - self._fold_seen[0], fold[1] - self._fold_seen[1])
         self._choices_seen, self._log_seen, self._levels_seen = choices, len(log), len(levels)
         self._fold_seen = fold
 

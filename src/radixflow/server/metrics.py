@@ -101,8 +101,11 @@ class ServerMetrics:
         self.handoff_level0 = self._counter("handoff_level0_seconds", "the extra levels' rows priced at level 0 "
                                             "by the engine's fit (handoff_seconds less this: their marginal cost)")
         self.handoff_fold = self._counter("handoff_fold_seconds", "what dependents folded into their producer's "
-                                          "scan added: the scan calls they made longer, priced by the measured "
-                                          "per-call cost (they open no extra level)")
+                                          "scan added (they open no extra level), as the engine's calibrated fold "
+                                          "fit predicted it before each forward")
+        self.handoff_fold_measured = self._counter("handoff_fold_measured_seconds", "the same folds timed inside the "
+                                                   "scans (their own scan calls and state copies; CPU time on "
+                                                   "one scan thread), beside handoff_fold_seconds")
         self._prompt = 0
         self._cached = 0
 
@@ -136,12 +139,15 @@ class ServerMetrics:
             self.handoff_seconds.inc(handoff_time)
 
     def observe_handoff(self, choices: dict[str, int], predicted: float, level0: float = 0.0,
-                        fold: float = 0.0) -> None:
+                        fold: float = 0.0, fold_measured: float = 0.0) -> None:
         """One round's hand-off choices (counts by choice), the predicted time of its extra levels,
         their rows priced at level 0 (engine/calibration.py `level0_equivalent`) and what its folded
-        dependents added to their producers' scans (`EngineExecutor.fold_time`)."""
+        dependents added to their producers' scans, predicted (`EngineExecutor.fold_time`) and measured
+        (`EngineExecutor.fold_measured`)."""
         if fold > 0:
             self.handoff_fold.inc(fold)
+        if fold_measured > 0:
+            self.handoff_fold_measured.inc(fold_measured)
         for choice, n in choices.items():
             if n:
                 self.handoff_choices.labels(choice).inc(n)
