@@ -147,3 +147,32 @@ def test_bad_input_is_refused_with_a_clear_error(loaded):
     with pytest.raises(ValueError, match="KV pages"):
         eng.add([ok, huge])
     assert not eng.scheduler.has_unfinished and "y" not in eng.requests
+
+
+def test_a_pool_too_small_for_a_full_round_is_said(loaded):
+    """A hybrid pool with fewer state slots than --max-num-seqs rows need (a running slot and a capture
+    each) runs, but says so, naming --kv-cache-memory and what lets every row run; a roomy one is silent."""
+    import warnings
+
+    name, lm = loaded
+    probe = _engine(name, lm)
+    if not probe.scheduler.hybrid:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _engine(name, lm, memory=1 << 20, max_len=64)
+        assert not [w for w in seen if "state slots" in str(w.message)]
+        return
+    slot = probe.cache.state_bytes_per_slot
+    page_bytes = probe.cache.kv_bytes_per_token * 16
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tight = _engine(name, lm, memory=int(64 * page_bytes + 6 * slot / 0.3), max_len=256)
+    said = [str(w.message) for w in seen if "state slots" in str(w.message)]
+    assert tight.scheduler_config.num_state_slots < 16 and len(said) == 1
+    assert "--kv-cache-memory" in said[0] and "--max-num-seqs 8" in said[0]
+    need = int(said[0].split("--kv-cache-memory ")[1].split("MiB")[0]) << 20
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        roomy = _engine(name, lm, memory=need, max_len=256)
+    assert roomy.scheduler_config.num_state_slots >= 16
+    assert not [w for w in seen if "state slots" in str(w.message)]

@@ -7,6 +7,7 @@ wall clock (server).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -65,6 +66,13 @@ class Engine:
         budget = config.kv_cache_memory or default_budget(device, config.memory_fraction)
         pages, slots = pool_sizes(budget, kv_tok, st_bytes, sc.block_size, config.max_model_len,
                                   sc.max_num_seqs, model.is_hybrid, config.state_memory_fraction)
+        if model.is_hybrid and slots < 2 * sc.max_num_seqs:  # a row runs on a slot and captures into another
+            per_row = 2 * st_bytes / max(config.state_memory_fraction, 1e-9)
+            warnings.warn(f"KV cache memory of {budget / 2**20:.0f} MiB holds {slots} state slots of "
+                          f"{st_bytes / 2**20:.1f} MiB: about {max(1, slots // 2)} of --max-num-seqs "
+                          f"{sc.max_num_seqs} rows can run in a round; --kv-cache-memory "
+                          f"{-(-per_row * sc.max_num_seqs // 2**20):.0f}MiB or more lets all of them run",
+                          stacklevel=2)
         sc = SchedulerConfig(**{**vars(sc), "num_kv_pages": pages, "num_state_slots": max(slots, 0)})
         self.scheduler_config = sc
         self.cache = model.allocate_cache(pages, sc.block_size, max(slots, 1) if model.is_hybrid else 0)
