@@ -19,6 +19,7 @@ Two figures that other processes on the machine move less than T_host (wall cloc
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shlex
 import statistics
@@ -80,6 +81,9 @@ def main() -> None:
                 since = len(cal.levels_log) if cal is not None else 0
                 parts.append(measure(policy, run_trace(eng.scheduler, eng.executor, fresh_copies(brs))))
                 levels += cal.levels_log[since:] if cal is not None else []
+                del eng.executor.execute  # the wrapper's cycle would keep the engine's pool alive
+                del eng
+                gc.collect()
             r = merge(policy, parts)
             marginal[(policy, mode)].append(levels_cost(levels)["marginal"] / r.host_time)
             seen[(policy, mode)].append(r)
