@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import shlex
 import statistics
@@ -53,6 +54,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--arms", nargs="+", default=["radix:off", "radix:auto", "radixflow:off", "radixflow:auto"],
                     help="policy:handoff pairs")
+    ap.add_argument("--rounds-json", default=None, metavar="FILE",
+                    help="write every arm's per-round features and CPU seconds (per cycle) to FILE")
     ap.add_argument("--bench-flags", default="",
                     help="more `radixflow bench` flags, one string (e.g. a real-size model's --kv-cache-memory)")
     args = ap.parse_args()
@@ -95,6 +98,10 @@ def main() -> None:
     best = min(statistics.median(x.host_time for x in v) for v in seen.values())
     cpu = {a: statistics.median(sum(x[-1] for x in recs) for recs in v) for a, v in rounds.items()}
     work, coef = _price(rounds)
+    if args.rounds_json:
+        with open(args.rounds_json, "w") as fh:
+            json.dump({"features": [*FEATURES, "cpu_seconds"],
+                       "arms": {f"{p}:{m}": v for (p, m), v in rounds.items()}}, fh)
     for (policy, mode), v in seen.items():
         a = (policy, mode)
         n_calls = statistics.median(sum(x[4] for x in recs) for recs in rounds[a])
