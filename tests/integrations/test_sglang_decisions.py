@@ -271,3 +271,43 @@ def test_evict_for_alloc_stops_at_its_target_not_at_its_quota():
         assert sg.cache.evictable_size() == held - freed
         sg.check()
 
+
+
+class _FakeView:
+    """What `Rotation` / `DeepestFirst` read of a view: leaves are ints, key and depth given."""
+
+    def __init__(self, keys: dict, depths: dict) -> None:
+        self.keys, self.depths = keys, depths
+
+    def is_leaf(self, leaf) -> bool:
+        return leaf in self.keys
+
+    def evictable(self, leaf) -> bool:
+        return True
+
+    def trajectory_key(self, leaf):
+        return self.keys[leaf]
+
+    def leaf_order(self, leaf) -> int:
+        return leaf
+
+    def depth(self, leaf) -> int:
+        return self.depths[leaf]
+
+
+def test_compaction_drops_superseded_entries_and_keeps_the_orders():
+    """Leaves re-entered between walks (the backends enter changes on every insert) leave superseded
+    entries in the heaps; past 1.5x the live ones plus 32, `compact` drops them, and the next lap and
+    the deepest pick stay what they were."""
+    keys = {i: ("", 0, (i * 7 % 13,)) for i in range(40)}
+    view = _FakeView(keys, {i: 100 + i % 5 for i in range(40)})
+    rot, deep = Rotation(), DeepestFirst()
+    for _ in range(4):  # every leaf entered four times: three superseded entries each
+        rot.enter(view, list(keys), ("", 0, (6,)))
+        deep.enter(view, list(keys))
+    assert len(rot.ahead) + len(rot.behind) == len(deep.heap) == 160
+    lap, pick = rot.order(view), deep.deepest(view)  # (deepest pops the superseded entries on top)
+    rot.compact()
+    deep.compact()
+    assert len(rot.ahead) + len(rot.behind) == len(deep.heap) == 40
+    assert rot.order(view) == lap and deep.deepest(view) == pick

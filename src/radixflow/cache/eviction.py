@@ -487,6 +487,16 @@ class Rotation:
         self._phase = 0
         self.enter(view, view.changes() or (), cursor)
 
+    def compact(self) -> None:
+        """Drops superseded entries from the heaps once they outnumber the live ones (a view that
+        enters changes between walks re-enters leaves many times before a lap pops them)."""
+        live = self.entry
+        if self.visited or len(self.ahead) + len(self.behind) <= 3 * len(live) // 2 + 32:
+            return
+        for heap in (self.ahead, self.behind):
+            heap[:] = [e for e in heap if live.get(e[3]) is e]
+            heapq.heapify(heap)
+
     def order(self, view: TreeView) -> list:
         """(key, leaf) of the next lap, in order, less what it would skip (tests)."""
         entry = self.entry
@@ -530,6 +540,13 @@ class DeepestFirst:
                 heapq.heappush(self.heap, e)
             else:
                 self.entry.pop(leaf, None)
+
+    def compact(self) -> None:
+        """Drops superseded entries once they outnumber the live ones (see `Rotation.compact`)."""
+        live = self.entry
+        if len(self.heap) > 3 * len(live) // 2 + 32:
+            self.heap[:] = [e for e in self.heap if live.get(e[4]) is e]
+            heapq.heapify(self.heap)
 
     def deepest(self, view: TreeView):
         heap, entry = self.heap, self.entry

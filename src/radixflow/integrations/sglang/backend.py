@@ -43,7 +43,7 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType, Tr
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_cache.unified_tree_core import get_and_increase_time_counter
 
-from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail, Trim
+from radixflow.cache.eviction import DeepestFirst, FlopAware, LevelTail, Rotation, RoundRobinTail, Trim
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 # The FULL ledger counts value lengths (no component of SGLang 0.5.23's FULL overrides it): a trim
@@ -350,8 +350,39 @@ class RadixflowFullComponent(FullComponent):
             if parent is not None:
                 parent.component_data[FULL].metadata.pop(LEAF, None)  # not a leaf any more
                 self._children_changed(parent, len(parent.children), node, added=True)
+                self._changed[parent] = None  # leaves the kept orders now, not when a walk meets it
         self._stamp_path(node)  # our `insert(..., now)` then `touch(node, now)`
         self._bound_feed()
+        self._enter_changes()
+
+    def _enter_changes(self) -> None:
+        """rr-tail / level-tail: enters what changed into the kept order now, on the request path (an
+        insert), so that an evict call only enters what changed since the last request. The same
+        orders: the feed reports every change after a drain, and a lap's own changes still enter when
+        it closes (no walk runs here)."""
+        pol = self.policy
+        if self._walk is not None or not isinstance(pol, RoundRobinTail):
+            return
+        view = self._kept_view()
+        if not view.trims:
+            return  # the orders are fed at evict time only where calls run in one step
+        changes = view.changes()
+        if isinstance(pol, LevelTail):
+            if pol._deepest is None:
+                pol._deepest = DeepestFirst()
+            pol._deepest.enter(view, changes)
+            pol._deepest.compact()
+        else:
+            if pol._rotation is None:
+                pol._rotation = Rotation()
+            pol._rotation.enter(view, changes, pol._page_cursor)
+            pol._rotation.compact()
+
+    def _kept_view(self) -> SGLangTreeView:
+        view = self._view_kept
+        if view is None:  # one view for the cache's life (it holds no state of its own)
+            view = self._view_kept = SGLangTreeView(self, depths=self._depths, keys=self._keys, values=self._values)
+        return view
 
     def _bound_feed(self) -> None:
         """The feed is drained only by FULL evict calls of rr-tail and level-tail: where they do not
@@ -452,11 +483,7 @@ class RadixflowFullComponent(FullComponent):
                     self._depths.clear()  # nodes SGLang deleted on its own paths
                 if len(self._values) > 4 * len(self.tree_core._node_arena) + 64:
                     self._values.clear()
-                view = self._view_kept
-                if view is None:  # one view for the cache's life (it holds no state of its own)
-                    view = self._view_kept = SGLangTreeView(self, depths=self._depths, keys=self._keys,
-                                                            values=self._values)
-                self._view = view
+                view = self._view = self._kept_view()
                 self._whole = view.trims and need < self.tree_core.full_evictable_size()
                 if self._whole and isinstance(self.policy, RoundRobinTail):
                     need = min(int(need * self.cut_ahead), self.tree_core.full_evictable_size())
