@@ -34,6 +34,8 @@ from radixflow.integrations.sglang.backend import ACCESS, FULL, LEAF, RadixflowF
 
 TAIL_SHARES = (0.125, 0.25, 0.375, 0.5)  # the duel's tail shadows (docs/eviction.md: with 0.75 and 1,
 # more P99 wins and hit losses of 1.0-1.7 % on the sweep's short runs)
+LEVEL_STEP = 16  # tokens: the tail rule levels in steps of at least this (a page of 16 at page 1: a call
+# trims the few deepest cold leaves one step, not every cold leaf by a few tokens; issue #30's cost)
 KEY_TOKENS = 64  # a trajectory is keyed by its chain's first tokens: enough to part users whose chains
 # start inside a page of a shared prompt (a chat's system prompt: the same first 8 tokens for all)
 
@@ -488,9 +490,10 @@ class DuelFullComponent(RadixflowFullComponent):
 
     def cold_level_walk(self, view, need: int, q: float):
         """The tail rule: the `q` least recently used evictable leaves (our stamps; ties: the order
-        they became leaves), cut from the deepest down to one level (a multiple of the page) until
-        `need` tokens are freed; again over the leaves left if one level did not free enough."""
-        unit, depth = view.unit, view.depth
+        they became leaves), cut from the deepest down to one level (a multiple of the page, and of
+        `LEVEL_STEP` tokens where pages are smaller) until `need` tokens are freed; again over the
+        leaves left if one level did not free enough."""
+        unit, depth = max(view.unit, -(-LEVEL_STEP // view.unit) * view.unit), view.depth
         freed = 0
         while freed < need:
             leaves = self._by_recency()
