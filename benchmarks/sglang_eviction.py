@@ -12,6 +12,11 @@ backend replays the same first calls into a pool large enough to evict nothing, 
 sequence of one-request evictions is timed on that same tree, each backend in turn (ratio to
 SGLang's `lru`); the mean time per evict call during the replay is printed too. Figures printed,
 never asserted.
+
+`--sweep` (integrations/sglang/sweep.py) ends with per backend `N of K configs lose to lru` and `cost
+within bounds on N of K configs (per call <= 2x, total <= 3x, 4x pool <= 1.5x)` (issue #30), with the
+worst ratios; K counts the sweep's configs and the three (pool, 4x pool) pairs, or with `--four-x`
+every config at 4x its pool as well.
 """
 
 from __future__ import annotations
