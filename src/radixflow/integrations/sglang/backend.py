@@ -7,12 +7,14 @@ sets). `RadixflowFullComponent` keeps all of SGLang's FULL component (locks, mat
 replaces only that choice: it runs our policy's page walk (`cache/eviction.py`, the same generator
 our own `RadixIndex` runs) over `SGLangTreeView`, a read-only view of SGLang's nodes. On a FULL-only
 device tree the component removes the victims itself in one SGLang step per evict call: whole leaves
-through SGLang's own `_delete_unbacked_device_leaf`, the last one of a cut shortened in place (`_trim`:
-key and value cut, the suffix's slots freed, the ledger moved). Elsewhere (Mamba, SWA) a tail cut
-splits the leaf with SGLang's own `_split_node` (the node keeps the tail, which becomes the victim)
-and SGLang deletes it. rr-tail's rotation and level-tail's depth order are kept across calls
-(`cache/eviction.py` `Rotation`, `DeepestFirst`), fed by `changes()`: nodes joining SGLang's
-evictable leaf set (`_LeafSet`), leaves trimmed, trajectory keys forgotten.
+by SGLang's `_delete_unbacked_device_leaf` steps without its per-component dispatch (`_drop_leaf`),
+the last one of a cut shortened in place (`_trim`: key and value cut, the suffix's slots freed, the
+ledger moved), and rr-tail's and level-tail's calls are batched there (about `cuts_per_call` cuts
+freeing `cut_ahead_factor` times the demand). Elsewhere (Mamba, SWA) a tail cut splits the leaf with
+SGLang's own `_split_node` (the node keeps the tail, which becomes the victim) and SGLang deletes it.
+rr-tail's rotation and level-tail's depth order are kept across calls (`cache/eviction.py`
+`Rotation`, `DeepestFirst`), fed by `changes()` on every insert and at each call: nodes joining
+SGLang's evictable leaf set (`_LeafSet`), leaves trimmed or given a child, trajectory keys forgotten.
 
 - Locks: a node with any component `lock_ref` (a running or in-flight request holds it) is not
   evictable in the view, and no cut passes it.
@@ -468,7 +470,7 @@ class RadixflowFullComponent(FullComponent):
 
     def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
         """One SGLang step. On a tree that `trims` the component removes its victims itself (whole
-        leaves through SGLang's own `_delete_unbacked_device_leaf`, the last one shortened in place),
+        leaves by `_drop_leaf`, the last one shortened in place),
         the whole call in one step when SGLang asked for a count; one victim per step when it asked
         for more than the tree holds (`evict_for_alloc` runs to a target and checks it between
         steps). Elsewhere each step hands SGLang one leaf to delete."""
