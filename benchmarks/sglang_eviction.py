@@ -203,7 +203,8 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False) 
     for b in others:
         w = worst[b]
         print(f"{b}: cost within bounds on {bounded[b]} of {k} configs (per call <= 2x, total <= 3x, 4x pool <= 1.5x)"
-              f"{where}; worst per call {w[0]:.2f}x, total {w[1]:.2f}x, 4x / 1x per call {w[2]:.2f}")
+              f"{where}; worst per call {w[0]:.2f}x, total {w[1]:.2f}x"
+              + (f", 4x / 1x per call {w[2]:.2f}" if pairs or four_x else ""))
     inside = gains["radixflow-adaptive"]
     if inside:
         for b in others:
