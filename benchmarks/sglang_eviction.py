@@ -145,8 +145,13 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False) 
                     w = worst[b]
                     w[0] = max(w[0], r["per_call"] / base["per_call"])
                     w[1] = max(w[1], r["total"] / base["total"])
-                if big is not None and r["per_call"]:
-                    worst[b][2] = max(worst[b][2], big[b]["per_call"] / r["per_call"])
+                if big is not None:
+                    r4, b4 = big[b], big["lru"]
+                    if b4["calls"]:
+                        worst[b][0] = max(worst[b][0], r4["per_call"] / b4["per_call"])
+                        worst[b][1] = max(worst[b][1], r4["total"] / b4["total"])
+                    if r["per_call"]:
+                        worst[b][2] = max(worst[b][2], r4["per_call"] / r["per_call"])
             mode = "" if r["tail_calls"] is None else f" (tail {r['tail_calls']}/{r['tail_calls'] + r['lru_calls']})"
             print(f"| {cfg['name']} | {cfg['page']} | {cfg['m']:.1f} | {cfg['regime']} | {b}{mode} | "
                   f"{r['p50']:.0f} / {r['p99']:.0f} | {rel} | {hit} | {r['calls']} | "
