@@ -12,6 +12,11 @@ backend replays the same first calls into a pool large enough to evict nothing, 
 sequence of one-request evictions is timed on that same tree, each backend in turn (ratio to
 SGLang's `lru`); the mean time per evict call during the replay is printed too. Figures printed,
 never asserted.
+
+`--sweep` (integrations/sglang/sweep.py) ends with per backend `N of K configs lose to lru` and `cost
+within bounds on N of K configs (per call <= 2x, total <= 3x, 4x pool <= 1.5x)` (issue #30), with the
+worst ratios; K counts the sweep's configs and the three (pool, 4x pool) pairs, or with `--four-x`
+every config at 4x its pool as well.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 
 from radixflow.core.metrics import percentile
 from radixflow.integrations.sglang import sweep as sw
+from radixflow.integrations.sglang.cost import scaled
 from radixflow.integrations.sglang.sweep import SG_SWEEP, cost_configs, loses, replay, run_config, sweep_configs
 from radixflow.integrations.sglang.twins import IndexTwin, SGLangTwin
 from radixflow.workloads.agentic import AgenticSpec, agentic_sessions
@@ -83,40 +89,75 @@ def _x(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "—"
 
 
-def sweep(small: bool = False, with_oracle: bool = False) -> None:
+def within(r: dict, base: dict) -> bool:
+    """Issue #30's cost bound on one config: per evict call <= 2x lru's, in all <= 3x lru's (where lru
+    makes no evict call, the backend must make none either)."""
+    if not base["calls"]:
+        return not r["calls"]
+    return r["per_call"] <= 2 * base["per_call"] and r["total"] <= 3 * base["total"]
+
+
+def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False) -> None:
     t0 = time.perf_counter()
     cfgs = sweep_configs(small)
     backends = SG_SWEEP + tuple(r for r in sw.ORACLE_RULES if r not in SG_SWEEP) if with_oracle else SG_SWEEP
     print(f"# sweep: {len(cfgs)} configs; lru = SGLang's lru on its default tree core (Rust here); lru@py: the "
-          f"same on the Python core; loss = P99 missed > lru x 1.02 or hit tokens < lru x 0.99; times are CPU time"
+          f"same on the Python core; loss = P99 missed > lru x 1.02 or hit tokens < lru x 0.99; times are CPU time; "
+          f"cost bound: per call <= 2x lru, total <= 3x lru"
+          + ("; at 4x the pool (4x the sessions, renumbered): the same, and per call <= 1.5x the backend's own at"
+             " the pool" if four_x else "")
           + ("; tail@q: the adaptive backend held on the tail rule at cold share q (the oracle's fixed rules)"
              if with_oracle else ""))
     print("| config | page | pool m (units) | regime | backend | P50 / P99 missed | P99 vs lru | hit vs lru | "
-          "evict calls | per-call × lru | total × lru | request path × lru | loses |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "evict calls | per-call × lru | total × lru | request path × lru | loses |"
+          + (" 4x pool: per-call × lru | total × lru | per call 4x / 1x |" if four_x else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if four_x else ""))
     others = [b for b in backends if b != "lru"]
     lost = dict.fromkeys(others, 0)
     slow_call, slow_total = dict.fromkeys(others, 0), dict.fromkeys(others, 0)
+    bounded = dict.fromkeys(others, 0)
+    worst = {b: [0.0, 0.0, 0.0] for b in others}  # per call x lru, total x lru, 4x / 1x per call
     gains, path = {b: [] for b in others}, {b: [] for b in others}
     best: list[tuple[str, float]] = []
     for cfg in cfgs:
         res = run_config(cfg, backends)
         base = res["lru"]
+        big = run_config(scaled(cfg, 4), backends) if four_x else None
         for b, r in res.items():
             rel = f"{100 * (r['p99'] / base['p99'] - 1):+.1f} %" if base["p99"] else "—"
             hit = f"{100 * (r['hit'] / base['hit'] - 1):+.2f} %" if base["hit"] else "—"
             bad = b != "lru" and loses(r, base)
+            four = ""
+            ok = within(r, base)
+            if big is not None:
+                r4, b4 = big[b], big["lru"]
+                grow = r4["per_call"] / r["per_call"] if r["per_call"] else 0.0
+                ok = ok and within(r4, b4) and grow <= 1.5
+                four = (f" {_x(r4['per_call'], b4['per_call'])} | {_x(r4['total'], b4['total'])} | "
+                        f"{_x(r4['per_call'], r['per_call'])} |")
             if b != "lru":
                 lost[b] += bad
                 slow_call[b] += bool(base["per_call"]) and r["per_call"] > 2 * base["per_call"]
                 slow_total[b] += r["total"] > 3 * base["total"]
+                bounded[b] += ok
                 path[b].append(r["per_request"] / base["per_request"])
+                if base["calls"]:
+                    w = worst[b]
+                    w[0] = max(w[0], r["per_call"] / base["per_call"])
+                    w[1] = max(w[1], r["total"] / base["total"])
+                if big is not None:
+                    r4, b4 = big[b], big["lru"]
+                    if b4["calls"]:
+                        worst[b][0] = max(worst[b][0], r4["per_call"] / b4["per_call"])
+                        worst[b][1] = max(worst[b][1], r4["total"] / b4["total"])
+                    if r["per_call"]:
+                        worst[b][2] = max(worst[b][2], r4["per_call"] / r["per_call"])
             mode = "" if r["tail_calls"] is None else f" (tail {r['tail_calls']}/{r['tail_calls'] + r['lru_calls']})"
             print(f"| {cfg['name']} | {cfg['page']} | {cfg['m']:.1f} | {cfg['regime']} | {b}{mode} | "
                   f"{r['p50']:.0f} / {r['p99']:.0f} | {rel} | {hit} | {r['calls']} | "
                   f"{_x(r['per_call'], base['per_call'])} | "
                   f"{_x(r['total'], base['total'])} | {_x(r['per_request'], base['per_request'])} | "
-                  f"{'LOSS' if bad else ''} |", flush=True)
+                  f"{'LOSS' if bad else ''} |{four}", flush=True)
         if cfg["regime"] == "inside" and base["p99"]:
             for b in others:
                 gains[b].append(1 - res[b]["p99"] / base["p99"])
@@ -126,8 +167,11 @@ def sweep(small: bool = False, with_oracle: bool = False) -> None:
                   f"{-100 * gain:+.1f} % | | | | | | |", flush=True)
             if cfg["regime"] == "inside":
                 best.append((rule, gain))
-    if not small:
-        print("\n## per-call eviction time at a pool and at 4x that pool (4x the agents), CPU µs (× lru)")
+    pairs = 0
+    if not small and not four_x:
+        print("\n## per-call eviction time at a pool and at 4x that pool (4x the agents), CPU µs (× lru); "
+              "each pair counts as one config of the cost bound (per call <= 2x and total <= 3x lru at both pools, "
+              "per call at 4x <= 1.5x the backend's own at 1x)")
         print("| config | pool | " + " | ".join(SG_SWEEP) + " |")
         print("|---|---|" + "---|" * len(SG_SWEEP))
         for pair in cost_configs():
@@ -135,17 +179,37 @@ def sweep(small: bool = False, with_oracle: bool = False) -> None:
             for cfg in pair:
                 res = run_config(cfg)
                 per.append(res)
-                base = res["lru"]["per_call"]
+                base = res["lru"]
                 print(f"| {cfg['name']} page {cfg['page']} | {cfg['capacity']} | " + " | ".join(
-                    f"{res[b]['per_call'] * 1e6:.0f} ({_x(res[b]['per_call'], base)})" for b in SG_SWEEP) + " |")
+                    f"{res[b]['per_call'] * 1e6:.0f} ({_x(res[b]['per_call'], base['per_call'])}; in all "
+                    f"{_x(res[b]['total'], base['total'])})" for b in SG_SWEEP) + " |")
             print("| 4x / 1x per call | | " + " | ".join(_x(per[1][b]["per_call"], per[0][b]["per_call"])
                                                      for b in SG_SWEEP) + " |", flush=True)
+            pairs += 1
+            for b in others:
+                small_r, big_r = per[0][b], per[1][b]
+                grow = big_r["per_call"] / small_r["per_call"] if small_r["per_call"] else 0.0
+                bounded[b] += within(small_r, per[0]["lru"]) and within(big_r, per[1]["lru"]) and grow <= 1.5
+                w = worst[b]
+                for r, base in ((small_r, per[0]["lru"]), (big_r, per[1]["lru"])):
+                    if base["calls"]:
+                        w[0] = max(w[0], r["per_call"] / base["per_call"])
+                        w[1] = max(w[1], r["total"] / base["total"])
+                w[2] = max(w[2], grow)
     print()
     for b in others:
         print(f"{b}: {lost[b]} of {len(cfgs)} configs lose to lru")
     for b in others:
         print(f"{b}: per-call > 2x lru on {slow_call[b]}, total > 3x lru on {slow_total[b]} of {len(cfgs)} configs; "
               f"request path (match + lock + allocate/evict + insert) median {statistics.median(path[b]):.2f}x lru")
+    k = len(cfgs) + pairs
+    where = (" (the 4x pool: every config)" if four_x else
+             f" (the 4x pool: the {pairs} pairs above)" if pairs else " (no 4x pool)")
+    for b in others:
+        w = worst[b]
+        print(f"{b}: cost within bounds on {bounded[b]} of {k} configs (per call <= 2x, total <= 3x, 4x pool <= 1.5x)"
+              f"{where}; worst per call {w[0]:.2f}x, total {w[1]:.2f}x"
+              + (f", 4x / 1x per call {w[2]:.2f}" if pairs or four_x else ""))
     inside = gains["radixflow-adaptive"]
     if inside:
         for b in others:
@@ -176,14 +240,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep", action="store_true", help="the seeded config sweep against lru (see sweep_configs)")
     ap.add_argument("--small", action="store_true", help="with --sweep: a few small configs")
+    ap.add_argument("--four-x", action="store_true",
+                    help="with --sweep: every config also at 4x the pool (4x the sessions; ~5x the time) for the "
+                         "cost bound, instead of the three 4x pairs")
     ap.add_argument("--oracle", action="store_true",
                     help="with --sweep: also the tail rule at 8 cold shares, and per config the best fixed rule "
                          "of 12 that does not lose to lru")
     args = ap.parse_args()
-    if (args.small or args.oracle) and not args.sweep:
-        ap.error("--small and --oracle only go with --sweep")
+    if (args.small or args.oracle or args.four_x) and not args.sweep:
+        ap.error("--small, --oracle and --four-x only go with --sweep")
     if args.sweep:
-        sweep(small=args.small, with_oracle=args.oracle)
+        sweep(small=args.small, with_oracle=args.oracle, four_x=args.four_x)
         return
     try:
         fixed_runs(args)

@@ -26,6 +26,9 @@ CHUNK = 16  # tokens
 @pytest.fixture(autouse=True)
 def _chunk(monkeypatch):
     monkeypatch.setenv("RADIXFLOW_SGLANG_CHUNK_TOKENS", str(CHUNK))
+    # our index cuts exactly what is asked, chunk by chunk: the backends' batched cuts off (tested below)
+    monkeypatch.setenv("RADIXFLOW_SGLANG_CUTS_PER_CALL", "0")
+    monkeypatch.setenv("RADIXFLOW_SGLANG_CUT_AHEAD", "1")
 
 
 TREES = [pytest.param((FULL,), 4, id="full-ps4"), pytest.param((FULL, MAMBA), 1, id="mamba-ps1"),
@@ -189,3 +192,41 @@ def test_adaptive_tail_cut_levels_the_least_recent_and_keeps_the_recent(monkeypa
     assert sum(len(t) - k for t, k in zip(hist, kept)) >= 96
     assert sg.cache.components[FULL].tail_calls == 1
     sg.check()
+
+
+@pytest.mark.parametrize("backend", ["radixflow-rr-tail", "radixflow-level-tail"])
+def test_batched_cuts_free_a_call_in_few_cuts(backend, monkeypatch):
+    """Eight idle 256-token histories behind a shared prompt, one evict call of 200 tokens. Exact
+    (batching off): 16-token chunks, one per history in turn (rr-tail: every history, some twice) or
+    from the deepest (level-tail: all levelled), 200 tokens within a chunk. Batched (2 cuts, cut
+    ahead 1.5): 300 tokens in two cuts of 152, so two histories lose their tails and six keep all."""
+    page = 4
+    hist = [[7] * 16 + [1000 * (h + 1) + i for i in range(240)] for h in range(8)]
+
+    def run(cuts: str, ahead: str):
+        monkeypatch.setenv("RADIXFLOW_SGLANG_CUTS_PER_CALL", cuts)
+        monkeypatch.setenv("RADIXFLOW_SGLANG_CUT_AHEAD", ahead)
+        sg = twins.SGLangTwin(backend, 4096, page)
+        for toks in hist:
+            sg.finish(sg.start(toks, 0), toks)
+        freed = sg.evict(200)
+        sg.check()
+        return freed, [sg.kept(toks) for toks in hist]
+
+    freed, kept = run("0", "1")
+    assert 200 <= freed < 200 + CHUNK and sum(256 - k for k in kept) == freed
+    assert sum(k < 256 for k in kept) == 8
+    freed, kept = run("2", "1.5")
+    assert freed == 304 and sorted(256 - k for k in kept) == [0] * 6 + [152, 152]
+
+
+def test_batching_knobs_refuse_bad_values(monkeypatch):
+    from radixflow.integrations.sglang.backend import cut_ahead_factor, cuts_per_call
+
+    for raw in ("-1", "two"):
+        monkeypatch.setenv("RADIXFLOW_SGLANG_CUTS_PER_CALL", raw)
+        with pytest.raises(ValueError, match="RADIXFLOW_SGLANG_CUTS_PER_CALL"):
+            cuts_per_call()
+    monkeypatch.setenv("RADIXFLOW_SGLANG_CUT_AHEAD", "0.5")
+    with pytest.raises(ValueError, match="RADIXFLOW_SGLANG_CUT_AHEAD"):
+        cut_ahead_factor()

@@ -273,11 +273,13 @@ class RoundRobinTail:
         view = IndexView(index)
         return drive(self.page_walk(view, need), view.remove)
 
-    def page_walk(self, view: TreeView, need: int):
-        """Yields the victims of the rotation until `need` is freed (sent back per victim)."""
+    def page_walk(self, view: TreeView, need: int, chunk_pages: int | None = None):
+        """Yields the victims of the rotation until `need` is freed (sent back per victim).
+        `chunk_pages`: this walk's chunk where it differs from the policy's (views with a change
+        feed only: the SGLang backends' batched cuts)."""
         changes = view.changes()
         if changes is not None:
-            yield from self._kept_walk(view, need, changes)
+            yield from self._kept_walk(view, need, changes, chunk_pages)
             return
         freed = 0
         while freed < need:
@@ -296,7 +298,7 @@ class RoundRobinTail:
             if not progressed:
                 break
 
-    def _kept_walk(self, view: TreeView, need: int, changes: list):
+    def _kept_walk(self, view: TreeView, need: int, changes: list, chunk_pages: int | None = None):
         """`page_walk` over the rotation kept across calls (`Rotation`): the same laps, in the same
         order, without sorting the leaves."""
         rot = self._rotation
@@ -313,7 +315,7 @@ class RoundRobinTail:
                         continue
                     self._page_cursor = key  # before the cut: a driver may stop the walk inside it
                     got = 0
-                    for victim in self._cut_steps(view, leaf):
+                    for victim in self._cut_steps(view, leaf, chunk_pages):
                         got += yield victim
                     progressed |= got > 0
                     freed += got
@@ -353,9 +355,10 @@ class RoundRobinTail:
         i = bisect.bisect_right([k for k, _ in items], cursor)
         return items[i:] + items[:i]
 
-    def _cut_steps(self, view: TreeView, leaf):
+    def _cut_steps(self, view: TreeView, leaf, chunk_pages: int | None = None):
         """The last chunk of `leaf`'s trajectory, one leaf at a time (hybrid: down to a state boundary)."""
-        yield from cut_to(view, leaf, max(0, view.depth(leaf) - self.chunk_pages * view.unit))
+        pages = self.chunk_pages if chunk_pages is None else chunk_pages
+        yield from cut_to(view, leaf, max(0, view.depth(leaf) - pages * view.unit))
 
     @staticmethod
     def _deepest_droppable_snapshot(leaf: Node) -> Node | None:
@@ -380,10 +383,10 @@ class LevelTail(RoundRobinTail):
 
     _deepest: DeepestFirst | None = field(default=None, repr=False)  # views with a change feed only
 
-    def page_walk(self, view: TreeView, need: int):
+    def page_walk(self, view: TreeView, need: int, chunk_pages: int | None = None):
         changes = view.changes()
         if changes is not None:
-            yield from self._kept_walk(view, need, changes)
+            yield from self._kept_walk(view, need, changes, chunk_pages)
             return
         freed = 0
         while freed < need:
@@ -400,7 +403,7 @@ class LevelTail(RoundRobinTail):
                 break
             freed += got
 
-    def _kept_walk(self, view: TreeView, need: int, changes: list):
+    def _kept_walk(self, view: TreeView, need: int, changes: list, chunk_pages: int | None = None):
         """`page_walk` over the depth order kept across calls (`DeepestFirst`): the same picks."""
         order = self._deepest
         if order is None:
@@ -413,7 +416,7 @@ class LevelTail(RoundRobinTail):
             if pick is None:
                 break
             got = 0
-            for victim in self._cut_steps(view, pick):
+            for victim in self._cut_steps(view, pick, chunk_pages):
                 got += yield victim
             if not got:
                 break
@@ -484,6 +487,16 @@ class Rotation:
         self._phase = 0
         self.enter(view, view.changes() or (), cursor)
 
+    def compact(self) -> None:
+        """Drops superseded entries from the heaps once they outnumber the live ones (a view that
+        enters changes between walks re-enters leaves many times before a lap pops them)."""
+        live = self.entry
+        if self.visited or len(self.ahead) + len(self.behind) <= 3 * len(live) // 2 + 32:
+            return
+        for heap in (self.ahead, self.behind):
+            heap[:] = [e for e in heap if live.get(e[3]) is e]
+            heapq.heapify(heap)
+
     def order(self, view: TreeView) -> list:
         """(key, leaf) of the next lap, in order, less what it would skip (tests)."""
         entry = self.entry
@@ -527,6 +540,13 @@ class DeepestFirst:
                 heapq.heappush(self.heap, e)
             else:
                 self.entry.pop(leaf, None)
+
+    def compact(self) -> None:
+        """Drops superseded entries once they outnumber the live ones (see `Rotation.compact`)."""
+        live = self.entry
+        if len(self.heap) > 3 * len(live) // 2 + 32:
+            self.heap[:] = [e for e in self.heap if live.get(e[4]) is e]
+            heapq.heapify(self.heap)
 
     def deepest(self, view: TreeView):
         heap, entry = self.heap, self.entry

@@ -22,16 +22,20 @@ Imports SGLang (through backend.py).
 from __future__ import annotations
 
 import contextlib
+import heapq
 from collections import deque
 
+from sglang.srt.mem_cache.evict_policy import LRUStrategy
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 
 from radixflow.cache.eviction import cut_to
 from radixflow.core.metrics import percentile
-from radixflow.integrations.sglang.backend import ACCESS, FULL, LEAF, RadixflowFullComponent
+from radixflow.integrations.sglang.backend import ACCESS, FULL, LEAF, RadixflowFullComponent, SGLangTreeView
 
 TAIL_SHARES = (0.125, 0.25, 0.375, 0.5)  # the duel's tail shadows (docs/eviction.md: with 0.75 and 1,
 # more P99 wins and hit losses of 1.0-1.7 % on the sweep's short runs)
+LEVEL_STEP = 16  # tokens: the tail rule levels in steps of at least this (a page of 16 at page 1: a call
+# trims the few deepest cold leaves one step, not every cold leaf by a few tokens; issue #30's cost)
 KEY_TOKENS = 64  # a trajectory is keyed by its chain's first tokens: enough to part users whose chains
 # start inside a page of a shared prompt (a chat's system prompt: the same first 8 tokens for all)
 
@@ -302,6 +306,7 @@ class DuelFullComponent(RadixflowFullComponent):
         self.alloc = getattr(alloc, "full_attn_allocator", alloc)
         self.rule = FixedRule(_FORCED[-1]) if _FORCED else DuelRule()
         self.q: float | None = None
+        self._sglang_lru = False  # this call is SGLang's own walk (a tree the component cannot cut itself)
         self.tail_calls = self.lru_calls = 0
         self._inserts = 0
         self._shared = 0
@@ -420,34 +425,75 @@ class DuelFullComponent(RadixflowFullComponent):
         return max(0, core.component_evictable_size(FULL) + core.component_protected_size(FULL) - private)
 
     # --------------------------------------------------------------- eviction
+    def _one_step(self) -> bool:
+        """Whether this cache's FULL tree lets the component remove victims itself in one step (the
+        in-place cuts' condition, `SGLangTreeView.trims`; fixed for a cache's life)."""
+        ok = getattr(self, "_one_step_ok", None)
+        if ok is None:
+            ok = self._one_step_ok = SGLangTreeView(self).trims
+        return ok
+
     def _evict_device_start(self, request_cnt: int) -> None:
         self.q = self.rule.decide()
         if self.q is None:
             self.lru_calls += 1
-            FullComponent._evict_device_start(self, request_cnt)
-            return
-        self.tail_calls += 1
+            if not self._one_step():
+                self._sglang_lru = True
+                FullComponent._evict_device_start(self, request_cnt)
+                return
+        else:
+            self.tail_calls += 1
+        self._sglang_lru = False
         super()._evict_device_start(request_cnt)
 
     def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
-        if self.q is None:
+        if self._sglang_lru:
             return FullComponent._evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions)
         return super()._evict_device_next_node(tracker, device_frees, host_frees, cache_actions)
 
     def _evict_device_end(self) -> None:
-        if self.q is None:
+        if self._sglang_lru:
             FullComponent._evict_device_end(self)
             return
         super()._evict_device_end()
 
     def _start_walk(self, view, need: int):
+        if self.q is None:
+            return self.lru_walk(need)
         return self.cold_level_walk(view, need, self.q)
+
+    def lru_walk(self, need: int):
+        """SGLang's own lru walk (`FullComponent._evict_device_*`), victim for victim: a heap of
+        (priority, node) over the evictable leaves, built in their set's order and heapified, popped
+        until `need` is freed, a victim's parent pushed once it is an evictable leaf. The component
+        removes the victims itself, the whole call in one SGLang step where it may (as its tail
+        cuts), instead of one round trip through the cache per victim."""
+        core = self.tree_core
+        self._ensure_eviction_strategy()
+        prio = self.session_ref_eviction_strategy
+        plain = getattr(prio, "__func__", None) is LRUStrategy.get_priority  # lru: the node's counter
+        if plain:
+            heap = [(n.last_access_time, n) for n in core.evictable_device_leaves]
+        else:
+            heap = [(prio(n), n) for n in core.evictable_device_leaves]
+        heapq.heapify(heap)
+        pop, push = heapq.heappop, heapq.heappush
+        freed = 0
+        while freed < need and heap:
+            x = pop(heap)[1]
+            if x not in core.evictable_device_leaves:
+                continue
+            freed += yield x
+            parent = x.parent
+            if parent is not None and parent in core.evictable_device_leaves:
+                push(heap, (parent.last_access_time if plain else prio(parent), parent))
 
     def cold_level_walk(self, view, need: int, q: float):
         """The tail rule: the `q` least recently used evictable leaves (our stamps; ties: the order
-        they became leaves), cut from the deepest down to one level (a multiple of the page) until
-        `need` tokens are freed; again over the leaves left if one level did not free enough."""
-        unit, depth = view.unit, view.depth
+        they became leaves), cut from the deepest down to one level (a multiple of the page, and of
+        `LEVEL_STEP` tokens where pages are smaller) until `need` tokens are freed; again over the
+        leaves left if one level did not free enough."""
+        unit, depth = max(view.unit, -(-LEVEL_STEP // view.unit) * view.unit), view.depth
         freed = 0
         while freed < need:
             leaves = self._by_recency()

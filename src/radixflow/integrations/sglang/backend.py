@@ -7,12 +7,14 @@ sets). `RadixflowFullComponent` keeps all of SGLang's FULL component (locks, mat
 replaces only that choice: it runs our policy's page walk (`cache/eviction.py`, the same generator
 our own `RadixIndex` runs) over `SGLangTreeView`, a read-only view of SGLang's nodes. On a FULL-only
 device tree the component removes the victims itself in one SGLang step per evict call: whole leaves
-through SGLang's own `_delete_unbacked_device_leaf`, the last one of a cut shortened in place (`_trim`:
-key and value cut, the suffix's slots freed, the ledger moved). Elsewhere (Mamba, SWA) a tail cut
-splits the leaf with SGLang's own `_split_node` (the node keeps the tail, which becomes the victim)
-and SGLang deletes it. rr-tail's rotation and level-tail's depth order are kept across calls
-(`cache/eviction.py` `Rotation`, `DeepestFirst`), fed by `changes()`: nodes joining SGLang's
-evictable leaf set (`_LeafSet`), leaves trimmed, trajectory keys forgotten.
+by SGLang's `_delete_unbacked_device_leaf` steps without its per-component dispatch (`_drop_leaf`),
+the last one of a cut shortened in place (`_trim`: key and value cut, the suffix's slots freed, the
+ledger moved), and rr-tail's and level-tail's calls are batched there (about `cuts_per_call` cuts
+freeing `cut_ahead_factor` times the demand). Elsewhere (Mamba, SWA) a tail cut splits the leaf with
+SGLang's own `_split_node` (the node keeps the tail, which becomes the victim) and SGLang deletes it.
+rr-tail's rotation and level-tail's depth order are kept across calls (`cache/eviction.py`
+`Rotation`, `DeepestFirst`), fed by `changes()` on every insert and at each call: nodes joining
+SGLang's evictable leaf set (`_LeafSet`), leaves trimmed or given a child, trajectory keys forgotten.
 
 - Locks: a node with any component `lock_ref` (a running or in-flight request holds it) is not
   evictable in the view, and no cut passes it.
@@ -43,7 +45,7 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType, Tr
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 from sglang.srt.mem_cache.unified_cache.unified_tree_core import get_and_increase_time_counter
 
-from radixflow.cache.eviction import FlopAware, LevelTail, RoundRobinTail, Trim
+from radixflow.cache.eviction import DeepestFirst, FlopAware, LevelTail, Rotation, RoundRobinTail, Trim
 
 FULL, MAMBA = ComponentType.FULL, ComponentType.MAMBA
 # The FULL ledger counts value lengths (no component of SGLang 0.5.23's FULL overrides it): a trim
@@ -52,6 +54,8 @@ _PLAIN_LEDGER = FullComponent.reclaimable_value_len is TreeComponent.reclaimable
 ACCESS, LEAF = "rf_access", "rf_leaf"  # keys of the FULL component data's metadata (see above)
 KEY_TOKENS = 8  # first tokens of a chain in its trajectory key (as cache/eviction._trajectory_key)
 DEFAULT_CHUNK_TOKENS = 64  # rr-tail / level-tail chunk, in tokens (our simulator: 4 pages of 16)
+DEFAULT_CUTS_PER_CALL = 2  # rr-tail / level-tail: an evict call's demand in at most about this many cuts
+DEFAULT_CUT_AHEAD = 1.5  # rr-tail / level-tail: an evict call frees this multiple of its demand
 
 
 def make_policy(kind: str, page_size: int):
@@ -71,10 +75,9 @@ def make_policy(kind: str, page_size: int):
 
 
 def cut_ahead_factor() -> float:
-    """RADIXFLOW_SGLANG_CUT_AHEAD (default 1: off): rr-tail / level-tail free this multiple of what an
-    evict call asks for, so fewer calls come (it moves cuts earlier: decisions change; docs/eviction.md,
-    "Cost")."""
-    raw = os.environ.get("RADIXFLOW_SGLANG_CUT_AHEAD", "1")
+    """RADIXFLOW_SGLANG_CUT_AHEAD (default 1.5; 1: off): rr-tail / level-tail free this multiple of what
+    an evict call asks for, so fewer calls come (it moves cuts earlier; docs/eviction.md, "Cost")."""
+    raw = os.environ.get("RADIXFLOW_SGLANG_CUT_AHEAD", str(DEFAULT_CUT_AHEAD))
     try:
         f = float(raw)
     except ValueError:
@@ -82,6 +85,20 @@ def cut_ahead_factor() -> float:
     if not f >= 1.0:
         raise ValueError(f"RADIXFLOW_SGLANG_CUT_AHEAD must be a factor >= 1, got {raw!r}")
     return f
+
+
+def cuts_per_call() -> int:
+    """RADIXFLOW_SGLANG_CUTS_PER_CALL (default 2; 0: off): rr-tail / level-tail cut an evict call's
+    demand in chunks of max(chunk, demand / this), so one call makes about this many cuts however much
+    it asks for (docs/eviction.md, "Cost")."""
+    raw = os.environ.get("RADIXFLOW_SGLANG_CUTS_PER_CALL", str(DEFAULT_CUTS_PER_CALL))
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"RADIXFLOW_SGLANG_CUTS_PER_CALL must be a count >= 0 (0: off), got {raw!r}")
+    return n
 
 
 class SGLangTreeView:
@@ -278,9 +295,11 @@ class RadixflowFullComponent(FullComponent):
         self.victims = 0  # leaves handed to the cache (tests read it)
         self._changed: dict = {}  # leaves to re-order (see SGLangTreeView.changes)
         self._view = None
+        self._view_kept = None
         self._sent = 0  # what the last victim removed in a step freed (sent to the walk at the next)
         self._whole = False  # this call runs in one step
         self.cut_ahead = cut_ahead_factor()
+        self.cuts = cuts_per_call()
 
     # --------------------------------------------------------------- the kept orders' feed
     def drain_changes(self) -> list:
@@ -333,8 +352,39 @@ class RadixflowFullComponent(FullComponent):
             if parent is not None:
                 parent.component_data[FULL].metadata.pop(LEAF, None)  # not a leaf any more
                 self._children_changed(parent, len(parent.children), node, added=True)
+                self._changed[parent] = None  # leaves the kept orders now, not when a walk meets it
         self._stamp_path(node)  # our `insert(..., now)` then `touch(node, now)`
         self._bound_feed()
+        self._enter_changes()
+
+    def _enter_changes(self) -> None:
+        """rr-tail / level-tail: enters what changed into the kept order now, on the request path (an
+        insert), so that an evict call only enters what changed since the last request. The same
+        orders: the feed reports every change after a drain, and a lap's own changes still enter when
+        it closes (no walk runs here)."""
+        pol = self.policy
+        if self._walk is not None or not isinstance(pol, RoundRobinTail):
+            return
+        view = self._kept_view()
+        if not view.trims:
+            return  # the orders are fed at evict time only where calls run in one step
+        changes = view.changes()
+        if isinstance(pol, LevelTail):
+            if pol._deepest is None:
+                pol._deepest = DeepestFirst()
+            pol._deepest.enter(view, changes)
+            pol._deepest.compact()
+        else:
+            if pol._rotation is None:
+                pol._rotation = Rotation()
+            pol._rotation.enter(view, changes, pol._page_cursor)
+            pol._rotation.compact()
+
+    def _kept_view(self) -> SGLangTreeView:
+        view = self._view_kept
+        if view is None:  # one view for the cache's life (it holds no state of its own)
+            view = self._view_kept = SGLangTreeView(self, depths=self._depths, keys=self._keys, values=self._values)
+        return view
 
     def _bound_feed(self) -> None:
         """The feed is drained only by FULL evict calls of rr-tail and level-tail: where they do not
@@ -412,11 +462,15 @@ class RadixflowFullComponent(FullComponent):
         self._sent = 0
 
     def _start_walk(self, view, need: int):
-        return self.policy.page_walk(view, need)
+        pol = self.policy
+        if self.cuts and self._whole and isinstance(pol, RoundRobinTail):  # a real demand: batched chunks
+            pages = max(pol.chunk_pages, -(-need // (self.cuts * view.unit)))
+            return pol.page_walk(view, need, pages)
+        return pol.page_walk(view, need)
 
     def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
         """One SGLang step. On a tree that `trims` the component removes its victims itself (whole
-        leaves through SGLang's own `_delete_unbacked_device_leaf`, the last one shortened in place),
+        leaves by `_drop_leaf`, the last one shortened in place),
         the whole call in one step when SGLang asked for a count; one victim per step when it asked
         for more than the tree holds (`evict_for_alloc` runs to a target and checks it between
         steps). Elsewhere each step hands SGLang one leaf to delete."""
@@ -431,10 +485,9 @@ class RadixflowFullComponent(FullComponent):
                     self._depths.clear()  # nodes SGLang deleted on its own paths
                 if len(self._values) > 4 * len(self.tree_core._node_arena) + 64:
                     self._values.clear()
-                view = SGLangTreeView(self, depths=self._depths, keys=self._keys, values=self._values)
-                self._view = view
+                view = self._view = self._kept_view()
                 self._whole = view.trims and need < self.tree_core.full_evictable_size()
-                if self._whole and self.cut_ahead > 1 and isinstance(self.policy, RoundRobinTail):
+                if self._whole and isinstance(self.policy, RoundRobinTail):
                     need = min(int(need * self.cut_ahead), self.tree_core.full_evictable_size())
                 self._walk = self._start_walk(view, need)
                 victim = next(self._walk)
@@ -471,8 +524,38 @@ class RadixflowFullComponent(FullComponent):
             self._trim(victim.node, victim.depth, tracker, device_frees)
         else:
             self._depths.pop(victim.id, None)
-            self.tree_core._delete_unbacked_device_leaf(victim, tracker, device_frees, host_frees, cache_actions)
+            self._drop_leaf(victim, tracker, device_frees, host_frees, cache_actions)
         return tracker[FULL] - before
+
+    def _drop_leaf(self, node, tracker, device_frees, host_frees, cache_actions) -> None:
+        """SGLang's `_delete_unbacked_device_leaf` on a FULL-only device tree (`trims`), step for step
+        without its per-component and per-layer dispatch: the value to the frees and off the ledger
+        (and the step's unbacked count), off the LRU lists and the leaf sets, out of its parent
+        (SGLang's own `_remove_leaf_from_parent`: the components' hooks, the arena), the parent's
+        leaf-set place renewed; a parent left a childless tombstone goes SGLang's own way."""
+        core = self.tree_core
+        cd = node.component_data[FULL]
+        if cd.host_value is not None:  # a host copy (not on trees that trim): SGLang's own deletion
+            core._delete_unbacked_device_leaf(node, tracker, device_frees, host_frees, cache_actions)
+            return
+        value = cd.value
+        if value is not None:
+            device_frees[FULL].append(value)
+            n = value.shape[0] if _PLAIN_LEDGER else self.reclaimable_value_len(node)
+            core.component_evictable_size_[FULL] -= n
+            tracker[FULL] += n
+            if core._is_tracking_unbacked_tokens and n > 0 and cd.host_value is None:
+                core._tracked_unbacked_tokens += n
+        for lru in (core.lru_lists[FULL], core.host_lru_lists[FULL]):
+            if lru.in_list(node):
+                lru.remove_node(node)
+        core.evictable_device_leaves.discard(node)
+        core.evictable_host_leaves.discard(node)
+        parent = node.parent
+        core._remove_leaf_from_parent(node)
+        core._update_evictable_leaf_sets(parent)
+        if parent is not core.root_node and not parent.children and parent.component_data[FULL].value is None:
+            core._iteratively_delete_tombstone_leaf(node, tracker, device_frees, host_frees, cache_actions)
 
     def _trim(self, node, depth: int, tracker, device_frees) -> None:
         """Shortens leaf `node` in place to end at `depth` tokens: the suffix's slots go to SGLang's
@@ -480,13 +563,14 @@ class RadixflowFullComponent(FullComponent):
         loses what was freed. What `_split_node` and the deletion of the suffix would leave (the
         node keeps its id, recency and leaf order), with neither a new node nor a leaf-set pass."""
         key = node.key
-        keep = depth - self._view.depth(node) + len(key)
+        plain = not key.is_bigram and key.limit is None  # SGLang's slice, without its Python dispatch
+        keep = depth - self._view.depth(node) + (len(key.token_ids) if plain else len(key))
         cd = node.component_data[FULL]
         value = cd.value
         before = value.shape[0] if _PLAIN_LEDGER else self.reclaimable_value_len(node)
         device_frees[FULL].append(value[keep:])
         cd.value = value[:keep]
-        node.key = key[:keep]
+        node.key = type(key)(key.token_ids[:keep], key.extra_key, cache_salt=key.cache_salt) if plain else key[:keep]
         freed = before - (keep if _PLAIN_LEDGER else self.reclaimable_value_len(node))
         self.tree_core.component_evictable_size_[FULL] -= freed
         tracker[FULL] += freed
