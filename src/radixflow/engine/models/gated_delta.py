@@ -70,65 +70,78 @@ def _prefill(args: list[torch.Tensor], init: torch.Tensor, plan: ChunkPlan, pool
     g, beta = g[..., 0], beta[..., 0]
     rows = plan.row_index
     state = init[rows]
-    o = torch.empty_like(v)
-    # the step writes its outputs into `o` and its states into `state` in place: `o` rides along as an
-    # input, so the step receives its own chunks of it (blocked_scan's copy-back is then a no-op)
-    u_buf = v.new_empty(len(plan.rows) * v.shape[1], v.shape[2], dv)
-    step = functools.partial(_scan_chunk, u_buf=u_buf)
-    blocked_scan(plan, (q, k, v, g, beta, o), state, _intra_chunk, step, o,
+    m, h, c = q.shape[:3]
+    # per chunk [U'; O] (2C x dv): the step writes both in one product, its states into `state` in place;
+    # `res` rides along as an input, so the step receives its own chunks of it (blocked_scan's copy-back
+    # is then a no-op)
+    res = v.new_empty(m, h, 2 * c, dv)
+    blocked_scan(plan, (q, k, v, g, beta, res), state, _intra_chunk, _scan_chunk, res,
                  lambda local, slots: save_states(pool, slots, state[local]),
                  lambda local, deps: init.index_copy_(0, deps, state[local]))
-    flat = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[-1])      # [M*C, H, dv]
-    out.index_copy_(0, plan.token_index, flat.index_select(0, plan.flat_index))
+    plan.from_chunks(res[:, :, c:], out)
 
 
-def _intra_chunk(q, k, v, g, beta, o):
-    """Everything that does not depend on the incoming state, for all chunks at once (`o`, the
-    output chunks, passes through to the step)."""
-    c = q.shape[2]
+def _intra_chunk(q, k, v, g, beta, res):
+    """Everything that does not depend on the incoming state, for all chunks at once (`res`, the
+    step's output chunks, passes through to it).
+
+    With T = (I + A)^-1 (unit lower, A_ij = beta_i Gamma_ij k_i.k_j, j < i) and QK = (Q K^T * Gamma, j <= i):
+        U = T beta V,  W = T beta exp(G) K,   O = QK U' + Q_dec S = QK U - (QK W - Q_dec) S
+    so one chunk's state-dependent work is ONE product of the stacked [W; QK W - Q_dec] (2C x dk) with S,
+    subtracted from [U; QK U] (2C x dv): `z` holds [[U, W], [QK U, QK W - Q_dec]] per chunk."""
+    c, dv = q.shape[2], v.shape[-1]
     cum = g.cumsum(-1)                                                    # [M, H, C]
-    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
-    # only the strictly lower triangle of `a` is read: upper=False ignores what is above the
-    # diagonal and unitriangular=True takes the diagonal as 1, which is exactly (I + A)
+    lower = _lower(c, q.device)
+    gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill_(~lower, float("-inf")).exp_()
     k_beta = k * beta[..., None]
-    a = (k_beta @ k.transpose(-1, -2)) * gamma
-    decay_in = cum.exp()
-    rhs = torch.cat((v * beta[..., None], k_beta * decay_in[..., None]), dim=-1)
-    sol = _solve_unit_lower(a, rhs)
-    u, w = sol[..., :v.shape[-1]], sol[..., v.shape[-1]:]
-    qk = (q @ k.transpose(-1, -2)) * gamma
-    q_dec = q * decay_in[..., None]
+    a = torch.matmul(k_beta, k.transpose(-1, -2)).mul_(gamma)
+    t = _unit_lower_inverse(a)
+    decay_in = cum.exp()[..., None]
+    z = q.new_empty(*q.shape[:2], 2 * c, dv + k.shape[-1])
+    rhs = z[:, :, c:]                     # beta [V, exp(G) K], overwritten by QK U, QK W below
+    torch.mul(v, beta[..., None], out=rhs[..., :dv])
+    torch.mul(k_beta, decay_in, out=rhs[..., dv:])
+    torch.matmul(t, rhs, out=z[:, :, :c])                                 # [U, W]
+    qk = torch.matmul(q, k.transpose(-1, -2)).mul_(gamma)
+    torch.matmul(qk, z[:, :, :c], out=rhs)                                # [QK U, QK W]
+    rhs[..., dv:].addcmul_(q, decay_in, value=-1.0)                       # QK W - Q_dec
     k_dec = k * (cum[..., -1:] - cum).exp()[..., None]
-    return u, w, qk, q_dec, k_dec, cum[..., -1].exp(), o
+    return z, k_dec, cum[..., -1].exp(), res
 
 
-def _solve_unit_lower(a: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-    """(I + A) X = rhs for the strictly lower A of `a`, batched over the chunks. On CPU with one thread:
-    torch runs the batch as one LAPACK trsm per 64 x 64 matrix, and a multi-threaded MKL starts its
-    threads for each of these tiny calls (docs/engine_speed.md: ~40x slower on 2 cores than on one)."""
+@functools.lru_cache(maxsize=16)
+def _lower(c: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(c, c, dtype=torch.bool, device=device).tril()
+
+
+def _unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
+    """(I + A)^-1 for the strictly lower A of `a` (what is on and above the diagonal is not read),
+    batched over the chunks: a triangular solve against I (C right-hand sides, not the 2 x 128 of the
+    chunk's values and keys, which one well-shaped product then takes). On CPU with one thread: torch
+    runs the batch as one LAPACK trsm per C x C matrix, and a multi-threaded MKL starts its threads for
+    each of these tiny calls (docs/engine_speed.md: ~40x slower on 2 cores than on one)."""
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand(a.shape)
     threads = torch.get_num_threads()
     if a.is_cuda or threads == 1:
-        return torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
+        return torch.linalg.solve_triangular(a, eye, upper=False, unitriangular=True)
     torch.set_num_threads(1)
     try:
-        return torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
+        return torch.linalg.solve_triangular(a, eye, upper=False, unitriangular=True)
     finally:
         torch.set_num_threads(threads)
 
 
-def _scan_chunk(s, u, w, qk, q_dec, k_dec, decay, o, u_buf):
-    """Apply one chunk to states s [R, H, dk, dv] IN PLACE and write its outputs into o [R, H, C, dv].
+def _scan_chunk(s, z, k_dec, decay, res):
+    """Apply one chunk to states s [R, H, dk, dv] IN PLACE and write [U'; O] into res [R, H, 2C, dv].
 
-    Five batched products over the R * H heads (baddbmm adds the product in the same pass), as few
-    kernels as the arithmetic allows (each is a parallel region the scan waits on), and no allocation:
-    U - W S goes to the scan's one `u_buf`, the outputs to the caller's chunks, the states stay put.
-    The same operations in the same order as the allocating form, so the same bits."""
+    Two batched products and one scaling over the R * H heads (each kernel is a parallel region the
+    sequential scan waits on): [U'; O] = [U; QK U] - [W; QK W - Q_dec] S, then
+    S <- exp(G_C) S + K_dec^T U'. No allocation: the outputs go to the caller's chunks."""
     r, h, dk, dv = s.shape
     s3 = s.view(r * h, dk, dv)
-    u = torch.baddbmm(u.flatten(0, 1), w.flatten(0, 1), s3, alpha=-1.0,
-                      out=u_buf[:r * h])                              # U - W S
-    o3 = o.view(r * h, -1, dv)
-    torch.bmm(qk.flatten(0, 1), u, out=o3).baddbmm_(q_dec.flatten(0, 1), s3)      # QK U + Q_dec S
-    s3.mul_(decay.reshape(-1, 1, 1)).baddbmm_(k_dec.flatten(0, 1).transpose(1, 2), u)
-    return o, s
+    z3 = z.flatten(0, 1)
+    r3 = res.view(r * h, -1, dv)
+    torch.baddbmm(z3[..., :dv], z3[..., dv:], s3, alpha=-1.0, out=r3)
+    c = r3.shape[1] // 2
+    s3.mul_(decay.reshape(-1, 1, 1)).baddbmm_(k_dec.flatten(0, 1).transpose(1, 2), r3[:, :c])
+    return res, s
