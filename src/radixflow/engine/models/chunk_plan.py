@@ -27,7 +27,8 @@ model's 64; without costs, the model's chunk.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -100,15 +101,16 @@ class ChunkPlan:
             bounds.append((col, col + p.shape[-1], p.transpose(0, 1)))    # [H, N, d]: a chunk is a slice
             col += p.shape[-1]
         empty = set(range(buf.shape[0]))
-        for m, _, t0, n in self.runs:
-            dst = buf[m]
-            for lo, hi, src in bounds:
-                dst[:, :n, lo:hi].copy_(src[:, t0:t0 + n])
-            if n < self.chunk:
-                dst[:, n:].zero_()
-            empty.discard(m)
-        for m in empty:   # a chunk with no token (row_chunks makes none; kept correct regardless)
-            buf[m].zero_()
+        with one_thread():
+            for m, _, t0, n in self.runs:
+                dst = buf[m]
+                for lo, hi, src in bounds:
+                    dst[:, :n, lo:hi].copy_(src[:, t0:t0 + n])
+                if n < self.chunk:
+                    dst[:, n:].zero_()
+                empty.discard(m)
+            for m in empty:   # a chunk with no token (row_chunks makes none; kept correct regardless)
+                buf[m].zero_()
         return buf
 
     def _scatter(self, parts: list[torch.Tensor], buf: torch.Tensor) -> torch.Tensor:
@@ -131,8 +133,25 @@ class ChunkPlan:
             chunk_of = torch.div(self.flat_index, self.chunk, rounding_mode="floor")
             out.index_copy_(0, self.token_index, view[chunk_of, self.flat_index.remainder(self.chunk)])
             return
-        for m, _, t0, n in self.runs:
-            out[t0:t0 + n].copy_(chunks[m, :, :n].transpose(0, 1))
+        with one_thread():
+            for m, _, t0, n in self.runs:
+                out[t0:t0 + n].copy_(chunks[m, :, :n].transpose(0, 1))
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread inside (the caller's count restored): for loops of many small CPU kernels,
+    each of which would otherwise be a parallel region that waits for every thread (on a loaded
+    machine, for a descheduled one)."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def blocked_scan(plan: ChunkPlan, inputs: tuple[torch.Tensor, ...], state: torch.Tensor,
@@ -242,6 +261,22 @@ class ScanCosts:
         if not known:
             return max(shapes)
         return min(known, key=lambda c: (self.predict(c, *shapes[c]), -c))
+
+
+# Without measured costs, the chunk a CPU scan runs with (at most the model's): the chunked forms' products
+# per token grow with the chunk (C x d per token for the intra-chunk terms) while their state terms do
+# not, and on CPU eager kernels the extra sequential steps of a smaller chunk cost less than that. One
+# layer's scan on engine_profile's case (b) rows at real widths (docs/engine_speed.md): GDN 32 vs 64
+# x1.32 on 1 thread, x1.00-1.06 on 2; SSD 64 vs 128 x0.98 on 1 thread, x1.12 on 2.
+CPU_CHUNK = {"gdn": 32, "ssd": 64}
+
+
+def unmeasured_chunk(kind: str, model_chunk: int, device: torch.device, costs: ScanCosts | None) -> int:
+    """The chunk handed to a level's plan: the model's when costs are measured (they choose among it and
+    its halvings) or on GPU; on CPU without costs, at most CPU_CHUNK[kind]."""
+    if costs is not None or device.type != "cpu":
+        return model_chunk
+    return min(model_chunk, CPU_CHUNK[kind])
 
 
 def chunk_candidates(chunk: int, smallest: int = 8) -> list[int]:

@@ -85,28 +85,28 @@ def _intra_chunk(q, k, v, g, beta, res):
     """Everything that does not depend on the incoming state, for all chunks at once (`res`, the
     step's output chunks, passes through to it).
 
-    With T = (I + A)^-1 (unit lower, A_ij = beta_i Gamma_ij k_i.k_j, j < i) and QK = (Q K^T * Gamma, j <= i):
-        U = T beta V,  W = T beta exp(G) K,   O = QK U' + Q_dec S = QK U - (QK W - Q_dec) S
-    so one chunk's state-dependent work is ONE product of the stacked [W; QK W - Q_dec] (2C x dk) with S,
-    subtracted from [U; QK U] (2C x dv): `z` holds [[U, W], [QK U, QK W - Q_dec]] per chunk."""
+    U and W by one triangular solve, and per chunk `z` = [[U, W], [0, -Q_dec]] (2C x (dv + dk)), so that
+    the step's first product [U; 0] - [W; -Q_dec] S gives U' = U - W S and Q_dec S together.
+    (An explicit (I + A)^-1 times [beta V, beta exp(G) K] is ~3x cheaper than the solve on CPU and as
+    close to float64 on real widths, but it moves the tiny test models' logits differently at each
+    chunk size, past test_handoff_calibration's 1.5x bound between chunk sizes: not used.)"""
     c, dv = q.shape[2], v.shape[-1]
     cum = g.cumsum(-1)                                                    # [M, H, C]
     lower = _lower(c, q.device)
     gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill_(~lower, float("-inf")).exp_()
     k_beta = k * beta[..., None]
     a = torch.matmul(k_beta, k.transpose(-1, -2)).mul_(gamma)
-    t = _unit_lower_inverse(a)
     decay_in = cum.exp()[..., None]
     z = q.new_empty(*q.shape[:2], 2 * c, dv + k.shape[-1])
-    rhs = z[:, :, c:]                     # beta [V, exp(G) K], overwritten by QK U, QK W below
+    rhs = z[:, :, c:]                     # beta [V, exp(G) K], then overwritten by [0, -Q_dec]
     torch.mul(v, beta[..., None], out=rhs[..., :dv])
     torch.mul(k_beta, decay_in, out=rhs[..., dv:])
-    torch.matmul(t, rhs, out=z[:, :, :c])                                 # [U, W]
+    z[:, :, :c] = _solve_unit_lower(a, rhs)                               # [U, W]
+    rhs[..., :dv].zero_()
+    torch.mul(q, decay_in.neg(), out=rhs[..., dv:])
     qk = torch.matmul(q, k.transpose(-1, -2)).mul_(gamma)
-    torch.matmul(qk, z[:, :, :c], out=rhs)                                # [QK U, QK W]
-    rhs[..., dv:].addcmul_(q, decay_in, value=-1.0)                       # QK W - Q_dec
     k_dec = k * (cum[..., -1:] - cum).exp()[..., None]
-    return z, k_dec, cum[..., -1].exp(), res
+    return z, qk, k_dec, cum[..., -1].exp(), res
 
 
 @functools.lru_cache(maxsize=16)
@@ -114,34 +114,34 @@ def _lower(c: int, device: torch.device) -> torch.Tensor:
     return torch.ones(c, c, dtype=torch.bool, device=device).tril()
 
 
-def _unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
-    """(I + A)^-1 for the strictly lower A of `a` (what is on and above the diagonal is not read),
-    batched over the chunks: a triangular solve against I (C right-hand sides, not the 2 x 128 of the
-    chunk's values and keys, which one well-shaped product then takes). On CPU with one thread: torch
+def _solve_unit_lower(a: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """(I + A) X = rhs for the strictly lower A of `a` (upper=False ignores what is above the diagonal,
+    unitriangular=True takes the diagonal as 1), batched over the chunks. On CPU with one thread: torch
     runs the batch as one LAPACK trsm per C x C matrix, and a multi-threaded MKL starts its threads for
     each of these tiny calls (docs/engine_speed.md: ~40x slower on 2 cores than on one)."""
-    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand(a.shape)
     threads = torch.get_num_threads()
     if a.is_cuda or threads == 1:
-        return torch.linalg.solve_triangular(a, eye, upper=False, unitriangular=True)
+        return torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
     torch.set_num_threads(1)
     try:
-        return torch.linalg.solve_triangular(a, eye, upper=False, unitriangular=True)
+        return torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
     finally:
         torch.set_num_threads(threads)
 
 
-def _scan_chunk(s, z, k_dec, decay, res):
+def _scan_chunk(s, z, qk, k_dec, decay, res):
     """Apply one chunk to states s [R, H, dk, dv] IN PLACE and write [U'; O] into res [R, H, 2C, dv].
 
-    Two batched products and one scaling over the R * H heads (each kernel is a parallel region the
-    sequential scan waits on): [U'; O] = [U; QK U] - [W; QK W - Q_dec] S, then
+    Four batched kernels over the R * H heads (each is a parallel region the sequential scan waits on):
+    [U'; Q_dec S] = [U; 0] - [W; -Q_dec] S in one product, O = Q_dec S + QK U' in place, then
     S <- exp(G_C) S + K_dec^T U'. No allocation: the outputs go to the caller's chunks."""
     r, h, dk, dv = s.shape
     s3 = s.view(r * h, dk, dv)
     z3 = z.flatten(0, 1)
     r3 = res.view(r * h, -1, dv)
-    torch.baddbmm(z3[..., :dv], z3[..., dv:], s3, alpha=-1.0, out=r3)
     c = r3.shape[1] // 2
-    s3.mul_(decay.reshape(-1, 1, 1)).baddbmm_(k_dec.flatten(0, 1).transpose(1, 2), r3[:, :c])
+    torch.baddbmm(z3[..., :dv], z3[..., dv:], s3, alpha=-1.0, out=r3)
+    u = r3[:, :c]
+    r3[:, c:].baddbmm_(qk.flatten(0, 1), u)
+    s3.mul_(decay.reshape(-1, 1, 1)).baddbmm_(k_dec.flatten(0, 1).transpose(1, 2), u)
     return res, s
