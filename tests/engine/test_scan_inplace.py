@@ -1,5 +1,6 @@
-"""The chunked scans' steps write outputs and states in place (gated_delta.py, ssd.py): the same bits as
-the allocating steps they replaced (kept here as the reference), on rows of several lengths with captures."""
+"""The chunked scans on rows of several lengths with captures: GDN's chunked form against the recurrence in
+float64; SSD's in-place step bit-identical to the allocating step it replaced (kept here as the reference);
+the chunk layout's packing and unpacking."""
 
 from __future__ import annotations
 
@@ -7,15 +8,6 @@ import torch
 
 from radixflow.engine.models import gated_delta, ssd
 from radixflow.engine.models.chunk_plan import blocked_scan, build_chunk_plan
-
-
-def _gdn_step_allocating(s, u, w, qk, q_dec, k_dec, decay):
-    r, h, dk, dv = s.shape
-    s3 = s.reshape(r * h, dk, dv)
-    u = torch.baddbmm(u.flatten(0, 1), w.flatten(0, 1), s3, alpha=-1.0)
-    o = torch.baddbmm(torch.bmm(qk.flatten(0, 1), u), q_dec.flatten(0, 1), s3)
-    s_new = torch.baddbmm(s3 * decay.reshape(-1, 1, 1), k_dec.flatten(0, 1).transpose(1, 2), u)
-    return o.view(r, h, -1, dv), s_new.view(r, h, dk, dv)
 
 
 def _ssd_step_allocating(s, y_intra, d_state, decay_in, decay_chunk, c):
@@ -56,23 +48,75 @@ def _run_both(plan, inputs, state0, intra, step_inplace, step_ref, out_like, slo
     assert o1.abs().sum() > 0 and c1.abs().sum() > 0   # something was computed and captured
 
 
-def test_gated_delta_step_in_place_is_bit_identical():
-    import functools
+def _gdn_reference(q, k, v, g, beta, state0, rows, cuts_of, slots):
+    """Token-by-token gated delta rule in float64: outputs [N, H, dv], states after each cut."""
+    out = torch.zeros(v.shape, dtype=torch.float64)
+    saved = torch.zeros(slots, *state0.shape[1:], dtype=torch.float64)
+    for local, (off, n) in enumerate(rows):
+        s = state0[local].double()
+        for t in range(off, off + n):
+            s = s * g[t].double().exp()[:, None, None]
+            u = beta[t].double()[:, None] * (v[t].double() - torch.einsum("hk,hkv->hv", k[t].double(), s))
+            s = s + k[t].double()[:, :, None] * u[:, None, :]
+            out[t] = torch.einsum("hk,hkv->hv", q[t].double(), s)
+            for at, slot in cuts_of[local]:
+                if t - off + 1 == at:
+                    saved[slot] = s
+    return out, saved
 
+
+def test_gated_delta_chunked_scan_matches_the_recurrence_in_float64():
+    """The chunked form (one stacked product per chunk step, [U'; O] = [U; QK U] - [W; QK W - Q_dec] S)
+    against the token-by-token recurrence in float64: outputs and captured states, rows of several
+    lengths (padding, captures mid-row and at the end), a nonzero initial state."""
     g = torch.Generator().manual_seed(0)
     plan, n_tok, slots = _plan(64)
     h, dk, dv = 3, 16, 24
-    q = torch.nn.functional.normalize(torch.randn(n_tok, h, dk, generator=g), dim=-1)
+    q = torch.nn.functional.normalize(torch.randn(n_tok, h, dk, generator=g), dim=-1) * dk ** -0.5
     k = torch.nn.functional.normalize(torch.randn(n_tok, h, dk, generator=g), dim=-1)
     v = torch.randn(n_tok, h, dv, generator=g)
     gg, beta = -0.3 * torch.rand(n_tok, h, generator=g), torch.rand(n_tok, h, generator=g)
-    q, k, v, gg, beta = plan.to_chunks([q, k, v, gg, beta]).split([dk, dk, dv, 1, 1], dim=-1)
-    inputs = (q, k, v, gg[..., 0], beta[..., 0])
+    packed = plan.to_chunks([q, k, v, gg, beta])
+    cq, ck, cv, cg, cb = packed.split([dk, dk, dv, 1, 1], dim=-1)
     state0 = torch.randn(len(plan.rows), h, dk, dv, generator=g)
-    u_buf = torch.empty(len(plan.rows) * h, 64, dv)
-    _run_both(plan, inputs, state0, gated_delta._intra_chunk,
-              functools.partial(gated_delta._scan_chunk, u_buf=u_buf), _gdn_step_allocating,
-              torch.empty_like(v), slots)
+    state = state0.clone()
+    res = torch.empty(packed.shape[0], h, 2 * plan.chunk, dv)
+    saved = torch.zeros(slots, h, dk, dv)
+
+    def save(local, at):
+        saved.index_copy_(0, at, state[local])
+
+    blocked_scan(plan, (cq, ck, cv, cg[..., 0], cb[..., 0], res), state, gated_delta._intra_chunk,
+                 gated_delta._scan_chunk, res, save)
+    out = torch.full((n_tok, h, dv), float("nan"))
+    plan.from_chunks(res[:, :, plan.chunk:], out)
+    lengths = (300, 129, 64, 17)
+    offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+    rows = [(offsets[r], lengths[r]) for r in plan.rows]
+    cuts_of, slot = {}, 0
+    for i, n in enumerate(lengths):
+        cuts = [(x, slot + j) for j, x in enumerate(sorted({x for x in (128, n) if x <= n}))]
+        slot += len(cuts)
+        cuts_of[plan.rows.index(i)] = cuts
+    ref_out, ref_saved = _gdn_reference(q, k, v, gg, beta, state0, rows, cuts_of, slots)
+    assert float((out.double() - ref_out).abs().max()) < 2e-5 * float(ref_out.abs().max())
+    assert float((saved.double() - ref_saved).abs().max()) < 2e-5 * float(ref_saved.abs().max())
+    assert float(ref_out.abs().max()) > 0.1 and float(ref_saved.abs().max()) > 0.1
+
+
+def test_to_chunks_and_from_chunks_are_inverse_and_zero_the_padding():
+    g = torch.Generator().manual_seed(2)
+    plan, n_tok, _ = _plan(32)
+    x = torch.randn(n_tok, 3, 5, generator=g)
+    y = torch.randn(n_tok, 3, generator=g)
+    chunks = plan.to_chunks([x, y])
+    assert chunks.shape == (plan.num_slots // 32, 3, 32, 6)
+    assert int((chunks != 0).sum()) == int((x != 0).sum() + (y != 0).sum())   # padding is zero
+    back = torch.empty_like(x)
+    plan.from_chunks(chunks[..., :5], back)
+    assert torch.equal(back, x)
+    flat = chunks.transpose(1, 2).reshape(-1, 3, 6)
+    assert torch.equal(flat[plan.flat_index], torch.cat([x, y[..., None]], -1)[plan.token_index])
 
 
 def test_ssd_step_in_place_is_bit_identical():

@@ -31,7 +31,8 @@ model's 64; without costs, the model's chunk.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
@@ -70,21 +71,94 @@ class ChunkPlan:
         """`rows` as a tensor (built once per plan, not once per recurrent layer)."""
         return torch.tensor(self.rows, dtype=torch.long, device=self.token_index.device)
 
+    @cached_property
+    def runs(self) -> list[tuple[int, int, int, int]]:
+        """(chunk, first of its tokens in token_index order, that token's packed index, token count) of
+        every chunk that holds tokens. A chunk's tokens are consecutive tokens of one row, at the
+        chunk's first positions (padding only at its end): each chunk is one slice of the packed rows."""
+        slots = self.flat_index.tolist()
+        tokens = self.token_index.tolist()
+        runs: list[tuple[int, int, int, int]] = []
+        for j, slot in enumerate(slots):
+            m, pos = divmod(slot, self.chunk)
+            if pos == 0:
+                runs.append((m, j, tokens[j], 1))
+            else:
+                prev = runs[-1]
+                assert prev[0] == m and prev[1] + pos == j and prev[2] + pos == tokens[j], "chunk not a slice"
+                runs[-1] = (m, prev[1], prev[2], pos + 1)
+        return runs
+
     def to_chunks(self, parts: list[torch.Tensor]) -> torch.Tensor:
         """Packed parts [N, H, d_i] (or [N, H]) -> one [M, H, chunk, sum(d_i)] tensor, zero padded.
 
-        Written straight into a zeroed buffer: no concatenated copy of the packed inputs.
+        On CPU each chunk is one slice of the packed rows, copied (transposed) straight into its place:
+        every input is read once and the layout written once, only the padding is zeroed. On GPU one
+        scatter per part (a kernel per chunk would be a launch per chunk).
         """
         parts = [p[..., None] if p.dim() == 2 else p for p in parts]
         width = sum(p.shape[-1] for p in parts)
         heads = parts[0].shape[1]
-        buf = parts[0].new_zeros(self.num_slots, heads, width)
+        buf = parts[0].new_empty(self.num_slots // self.chunk, heads, self.chunk, width)
+        if buf.is_cuda:
+            return self._scatter(parts, buf)
+        bounds = []
+        col = 0
+        for p in parts:
+            bounds.append((col, col + p.shape[-1], p.transpose(0, 1)))    # [H, N, d]: a chunk is a slice
+            col += p.shape[-1]
+        empty = set(range(buf.shape[0]))
+        with one_thread():
+            for m, _, t0, n in self.runs:
+                dst = buf[m]
+                for lo, hi, src in bounds:
+                    dst[:, :n, lo:hi].copy_(src[:, t0:t0 + n])
+                if n < self.chunk:
+                    dst[:, n:].zero_()
+                empty.discard(m)
+            for m in empty:   # a chunk with no token (row_chunks makes none; kept correct regardless)
+                buf[m].zero_()
+        return buf
+
+    def _scatter(self, parts: list[torch.Tensor], buf: torch.Tensor) -> torch.Tensor:
+        buf.zero_()
+        view = buf.transpose(1, 2)                                   # [M, chunk, H, width]
+        chunk_of = torch.div(self.flat_index, self.chunk, rounding_mode="floor")
+        pos = self.flat_index.remainder(self.chunk)
         col = 0
         for p in parts:
             src = p if self.all_tokens else p.index_select(0, self.token_index)
-            buf[:, :, col:col + p.shape[-1]].index_copy_(0, self.flat_index, src)
+            view[..., col:col + p.shape[-1]].index_put_((chunk_of, pos), src)
             col += p.shape[-1]
-        return buf.view(-1, self.chunk, heads, width).transpose(1, 2).contiguous()
+        return buf
+
+    def from_chunks(self, chunks: torch.Tensor, out: torch.Tensor) -> None:
+        """Chunk outputs [M, H, >= chunk, d] (their first `chunk` positions) -> out [N, H, d] at the
+        plan's tokens, the inverse of `to_chunks` (CPU: one transposed slice copy per chunk)."""
+        if chunks.is_cuda:
+            view = chunks.transpose(1, 2)
+            chunk_of = torch.div(self.flat_index, self.chunk, rounding_mode="floor")
+            out.index_copy_(0, self.token_index, view[chunk_of, self.flat_index.remainder(self.chunk)])
+            return
+        with one_thread():
+            for m, _, t0, n in self.runs:
+                out[t0:t0 + n].copy_(chunks[m, :, :n].transpose(0, 1))
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread inside (the caller's count restored): for loops of many small CPU kernels,
+    each of which would otherwise be a parallel region that waits for every thread (on a loaded
+    machine, for a descheduled one)."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class FoldTimer(Protocol):
@@ -210,6 +284,22 @@ class ScanCosts:
         if not known:
             return max(shapes)
         return min(known, key=lambda c: (self.predict(c, *shapes[c]), -c))
+
+
+# Without measured costs, the chunk a CPU scan runs with (at most the model's): the chunked forms' products
+# per token grow with the chunk (C x d per token for the intra-chunk terms) while their state terms do
+# not, and on CPU eager kernels the extra sequential steps of a smaller chunk cost less than that. One
+# layer's scan on engine_profile's case (b) rows at real widths (docs/engine_speed.md): GDN 32 vs 64
+# x1.32 on 1 thread, x1.00-1.06 on 2; SSD 64 vs 128 x0.98 on 1 thread, x1.12 on 2.
+CPU_CHUNK = {"gdn": 32, "ssd": 64}
+
+
+def unmeasured_chunk(kind: str, model_chunk: int, device: torch.device, costs: ScanCosts | None) -> int:
+    """The chunk handed to a level's plan: the model's when costs are measured (they choose among it and
+    its halvings) or on GPU; on CPU without costs, at most CPU_CHUNK[kind]."""
+    if costs is not None or device.type != "cpu":
+        return model_chunk
+    return min(model_chunk, CPU_CHUNK[kind])
 
 
 def chunk_candidates(chunk: int, smallest: int = 8) -> list[int]:

@@ -32,11 +32,23 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     # fp32 whatever the model dtype: a bf16 running sum over K taps loses the small taps
     flat = x.new_empty(plan.total, x.shape[1], dtype=torch.float32)
     flat[plan.state_pos] = init.transpose(1, 2).reshape(-1, x.shape[1]).float()
-    flat[plan.token_pos] = x.float()
+    w = weight[:, 0, :].float()                                # [C, K]
+    out = _flat_conv(x, w, flat, plan)
+    if bias is not None:
+        out += bias.float()
+    save_states(pool, plan.capture_slots, flat[plan.capture_pos].transpose(1, 2))
+    if act is F.silu:
+        return F.silu(out, inplace=True).to(x.dtype)
+    return act(out).to(x.dtype)
+
+
+def _flat_conv(x: torch.Tensor, w: torch.Tensor, flat: torch.Tensor, plan) -> torch.Tensor:
+    """All rows in one pass over the flat layout: the tokens in and the outputs out by one index copy each."""
+    kernel = w.shape[1]
+    flat.index_copy_(0, plan.token_pos, x.float())
     if plan.hand_dst is not None:  # dependents continue from their producer's inputs (SPEC §15)
         flat[plan.hand_dst] = flat[plan.hand_src]
     # K shifted multiply-adds on the token-major layout: no transposes, no strided gathers
-    w = weight[:, 0, :].float()                                # [C, K]
     span = plan.total - plan.width
     y = flat.new_empty(span, flat.shape[1])
     step = span if x.is_cuda else TOKEN_BLOCK  # token blocks keep the K passes in cache on CPU
@@ -45,9 +57,5 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         acc = torch.mul(flat[lo:hi], w[:, 0], out=y[lo:hi])
         for j in range(1, kernel):
             acc.addcmul_(flat[lo + j:hi + j], w[:, j])
-    if bias is not None:
-        y += bias.float()
     # y[j] covers inputs [j, j + K - 1], i.e. ends at the token at flat position j + K - 1
-    out = y[plan.token_pos - plan.width]
-    save_states(pool, plan.capture_slots, flat[plan.capture_pos].transpose(1, 2))
-    return act(out).to(x.dtype)
+    return y.index_select(0, plan.token_pos - plan.width)

@@ -74,43 +74,55 @@ def _prefill(args: list[torch.Tensor], init: torch.Tensor, plan: ChunkPlan, pool
     g, beta = g[..., 0], beta[..., 0]
     rows = plan.row_index
     state = init[rows]
-    o = torch.empty_like(v)
-    # the step writes its outputs into `o` and its states into `state` in place: `o` rides along as an
-    # input, so the step receives its own chunks of it (blocked_scan's copy-back is then a no-op)
-    u_buf = v.new_empty(len(plan.rows) * v.shape[1], v.shape[2], dv)
-    step = functools.partial(_scan_chunk, u_buf=u_buf)
-    blocked_scan(plan, (q, k, v, g, beta, o), state, _intra_chunk, step, o,
+    m, h, c = q.shape[:3]
+    # per chunk [U'; O] (2C x dv): the step writes both in one product, its states into `state` in place;
+    # `res` rides along as an input, so the step receives its own chunks of it (blocked_scan's copy-back
+    # is then a no-op)
+    res = v.new_empty(m, h, 2 * c, dv)
+    blocked_scan(plan, (q, k, v, g, beta, res), state, _intra_chunk, _scan_chunk, res,
                  lambda local, slots: save_states(pool, slots, state[local]),
                  lambda local, deps: init.index_copy_(0, deps, state[local]))
-    flat = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[-1])      # [M*C, H, dv]
-    out.index_copy_(0, plan.token_index, flat.index_select(0, plan.flat_index))
+    plan.from_chunks(res[:, :, c:], out)
 
 
-def _intra_chunk(q, k, v, g, beta, o):
-    """Everything that does not depend on the incoming state, for all chunks at once (`o`, the
-    output chunks, passes through to the step)."""
-    c = q.shape[2]
+def _intra_chunk(q, k, v, g, beta, res):
+    """Everything that does not depend on the incoming state, for all chunks at once (`res`, the
+    step's output chunks, passes through to it).
+
+    U and W by one triangular solve, and per chunk `z` = [[U, W], [0, -Q_dec]] (2C x (dv + dk)), so that
+    the step's first product [U; 0] - [W; -Q_dec] S gives U' = U - W S and Q_dec S together.
+    (An explicit (I + A)^-1 times [beta V, beta exp(G) K] is ~3x cheaper than the solve on CPU and as
+    close to float64 on real widths, but it moves the tiny test models' logits differently at each
+    chunk size, past test_handoff_calibration's 1.5x bound between chunk sizes: not used.)"""
+    c, dv = q.shape[2], v.shape[-1]
     cum = g.cumsum(-1)                                                    # [M, H, C]
-    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
-    # only the strictly lower triangle of `a` is read: upper=False ignores what is above the
-    # diagonal and unitriangular=True takes the diagonal as 1, which is exactly (I + A)
+    lower = _lower(c, q.device)
+    gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill_(~lower, float("-inf")).exp_()
     k_beta = k * beta[..., None]
-    a = (k_beta @ k.transpose(-1, -2)) * gamma
-    decay_in = cum.exp()
-    rhs = torch.cat((v * beta[..., None], k_beta * decay_in[..., None]), dim=-1)
-    sol = _solve_unit_lower(a, rhs)
-    u, w = sol[..., :v.shape[-1]], sol[..., v.shape[-1]:]
-    qk = (q @ k.transpose(-1, -2)) * gamma
-    q_dec = q * decay_in[..., None]
+    a = torch.matmul(k_beta, k.transpose(-1, -2)).mul_(gamma)
+    decay_in = cum.exp()[..., None]
+    z = q.new_empty(*q.shape[:2], 2 * c, dv + k.shape[-1])
+    rhs = z[:, :, c:]                     # beta [V, exp(G) K], then overwritten by [0, -Q_dec]
+    torch.mul(v, beta[..., None], out=rhs[..., :dv])
+    torch.mul(k_beta, decay_in, out=rhs[..., dv:])
+    z[:, :, :c] = _solve_unit_lower(a, rhs)                               # [U, W]
+    rhs[..., :dv].zero_()
+    torch.mul(q, decay_in.neg(), out=rhs[..., dv:])
+    qk = torch.matmul(q, k.transpose(-1, -2)).mul_(gamma)
     k_dec = k * (cum[..., -1:] - cum).exp()[..., None]
-    return u, w, qk, q_dec, k_dec, cum[..., -1].exp(), o
+    return z, qk, k_dec, cum[..., -1].exp(), res
+
+
+@functools.lru_cache(maxsize=16)
+def _lower(c: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(c, c, dtype=torch.bool, device=device).tril()
 
 
 def _solve_unit_lower(a: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-    """(I + A) X = rhs for the strictly lower A of `a`, batched over the chunks. On CPU with one thread:
-    torch runs the batch as one LAPACK trsm per 64 x 64 matrix, and a multi-threaded MKL starts its
-    threads for each of these tiny calls (docs/engine_speed.md: ~40x slower on 2 cores than on one)."""
+    """(I + A) X = rhs for the strictly lower A of `a` (upper=False ignores what is above the diagonal,
+    unitriangular=True takes the diagonal as 1), batched over the chunks. On CPU with one thread: torch
+    runs the batch as one LAPACK trsm per C x C matrix, and a multi-threaded MKL starts its threads for
+    each of these tiny calls (docs/engine_speed.md: ~40x slower on 2 cores than on one)."""
     threads = torch.get_num_threads()
     if a.is_cuda or threads == 1:
         return torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
@@ -121,18 +133,19 @@ def _solve_unit_lower(a: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
         torch.set_num_threads(threads)
 
 
-def _scan_chunk(s, u, w, qk, q_dec, k_dec, decay, o, u_buf):
-    """Apply one chunk to states s [R, H, dk, dv] IN PLACE and write its outputs into o [R, H, C, dv].
+def _scan_chunk(s, z, qk, k_dec, decay, res):
+    """Apply one chunk to states s [R, H, dk, dv] IN PLACE and write [U'; O] into res [R, H, 2C, dv].
 
-    Five batched products over the R * H heads (baddbmm adds the product in the same pass), as few
-    kernels as the arithmetic allows (each is a parallel region the scan waits on), and no allocation:
-    U - W S goes to the scan's one `u_buf`, the outputs to the caller's chunks, the states stay put.
-    The same operations in the same order as the allocating form, so the same bits."""
+    Four batched kernels over the R * H heads (each is a parallel region the sequential scan waits on):
+    [U'; Q_dec S] = [U; 0] - [W; -Q_dec] S in one product, O = Q_dec S + QK U' in place, then
+    S <- exp(G_C) S + K_dec^T U'. No allocation: the outputs go to the caller's chunks."""
     r, h, dk, dv = s.shape
     s3 = s.view(r * h, dk, dv)
-    u = torch.baddbmm(u.flatten(0, 1), w.flatten(0, 1), s3, alpha=-1.0,
-                      out=u_buf[:r * h])                              # U - W S
-    o3 = o.view(r * h, -1, dv)
-    torch.bmm(qk.flatten(0, 1), u, out=o3).baddbmm_(q_dec.flatten(0, 1), s3)      # QK U + Q_dec S
+    z3 = z.flatten(0, 1)
+    r3 = res.view(r * h, -1, dv)
+    c = r3.shape[1] // 2
+    torch.baddbmm(z3[..., :dv], z3[..., dv:], s3, alpha=-1.0, out=r3)
+    u = r3[:, :c]
+    r3[:, c:].baddbmm_(qk.flatten(0, 1), u)
     s3.mul_(decay.reshape(-1, 1, 1)).baddbmm_(k_dec.flatten(0, 1).transpose(1, 2), u)
-    return o, s
+    return res, s

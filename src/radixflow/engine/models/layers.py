@@ -172,6 +172,9 @@ class GatedMLP(nn.Module):
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.fused(x)
+        if isinstance(self.act_fn, Fn) and self.act_fn.fn is F.silu and not torch.is_grad_enabled():
+            # the fused output is this call's own: activation and product in place, no new tensors
+            return self.down_proj(F.silu(gate, inplace=True).mul_(up))
         return self.down_proj(self.act_fn(gate) * up)
 
 

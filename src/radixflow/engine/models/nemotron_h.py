@@ -19,6 +19,7 @@ from .attention import SelfAttention
 from .base import CausalLM, cfg_get, eos_ids
 from .batch import BatchContext
 from .cache import CacheLayout, ModelCache, StateShape
+from .chunk_plan import unmeasured_chunk
 from .conv import causal_conv
 from .layers import GateThenGroupNorm, PlainMLP, RMSNorm
 from .ssd import ssd_scan
@@ -148,7 +149,8 @@ class Mamba2Mixer(nn.Module):
         # lower clamp as in the transformers reference (time_step_min), no upper limit
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=c.time_step_min)
         y = ssd_scan(xs, dt, -self.A_log.float().exp(), b.reshape(n, c.n_groups, -1),
-                     cc.reshape(n, c.n_groups, -1), batch, cache, self.state_index, c.chunk_size)
+                     cc.reshape(n, c.n_groups, -1), batch, cache, self.state_index,
+                     unmeasured_chunk("ssd", c.chunk_size, x.device, batch.scan_costs))
         y = y + self.D.float()[:, None] * xs.float()
         return self.out_proj(self.norm(y.reshape(n, -1).to(x.dtype), gate))
 

@@ -20,6 +20,7 @@ from .attention import SelfAttention
 from .base import CausalLM, cfg_get, eos_ids, rope_params
 from .batch import BatchContext
 from .cache import CacheLayout, ModelCache, StateShape
+from .chunk_plan import unmeasured_chunk
 from .conv import causal_conv
 from .gated_delta import gated_delta_rule
 from .layers import FusedLinears, GatedMLP, NormThenGate, RMSNorm, Rotary
@@ -123,20 +124,23 @@ class GatedDeltaNet(nn.Module):
         mixed = causal_conv(qkv, self.conv1d.weight, None, batch, cache, self.state_index,
                             self.conv_act)
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
-        q = _l2norm(q.reshape(n, self.nk, self.dk)) * self.dk ** -0.5
+        q = _l2norm(q.reshape(n, self.nk, self.dk), scale=self.dk ** -0.5)
         k = _l2norm(k.reshape(n, self.nk, self.dk))
         if self.nv != self.nk:  # each q/k head serves nv/nk consecutive value heads
             q, k = (t.repeat_interleave(self.nv // self.nk, dim=1) for t in (q, k))
         beta = torch.sigmoid(self.in_proj_b(x).float())
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
-        o = gated_delta_rule(q, k, v.reshape(n, self.nv, self.dv), g, beta, batch, cache, self.state_index)
+        chunk = unmeasured_chunk("gdn", 64, x.device, batch.scan_costs)
+        o = gated_delta_rule(q, k, v.reshape(n, self.nv, self.dv), g, beta, batch, cache, self.state_index, chunk)
         o = self.norm(o.to(x.dtype), z.view(n, self.nv, self.dv))
         return self.out_proj(o.reshape(n, -1))
 
 
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def _l2norm(x: torch.Tensor, eps: float = 1e-6, scale: float = 1.0) -> torch.Tensor:
+    """x / sqrt(sum x^2 + eps) over the last dim in fp32, then times `scale` in place (no second tensor)."""
     xf = x.float()
-    return xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + eps)
+    y = xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + eps)
+    return y.mul_(scale) if scale != 1.0 else y
 
 
 class DecoderLayer(nn.Module):

@@ -81,8 +81,7 @@ def _prefill(args, init, plan: ChunkPlan, pool, out, groups: int) -> None:
     blocked_scan(plan, (xdt, decay, b, c, y), state, _intra_chunk, step, y,
                  lambda local, slots: save_states(pool, slots, state[local].flatten(1, 2)),
                  lambda local, deps: init.index_copy_(0, deps, state[local].flatten(1, 2)))
-    flat = y.flatten(1, 2).transpose(1, 2).reshape(-1, heads, p)       # [M*C, H, P]
-    out.index_copy_(0, plan.token_index, flat.index_select(0, plan.flat_index))
+    plan.from_chunks(y.view(m, heads, clen, p), out)
 
 
 def _intra_chunk(xdt, decay, b, c, y):
@@ -90,13 +89,19 @@ def _intra_chunk(xdt, decay, b, c, y):
     (`y`, the output chunks, passes through to the step)."""
     clen = xdt.shape[3]
     cum = decay.cumsum(-1)
-    lower = torch.ones(clen, clen, dtype=torch.bool, device=xdt.device).tril()
-    seg = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+    lower = _lower(clen, xdt.device)
+    # the [M, G, Hg, C, C] decay mask is the scan's largest tensor: made once, then updated in place
+    seg = (cum[..., :, None] - cum[..., None, :]).masked_fill_(~lower, float("-inf")).exp_()
     cb = (c @ b.transpose(-1, -2))[:, :, None]                          # [M, G, 1, C, C]
-    y_intra = (cb * seg) @ xdt
+    y_intra = seg.mul_(cb) @ xdt
     weights = (cum[..., -1:] - cum).exp()[..., None]
     d_state = (xdt * weights).transpose(-1, -2) @ b[:, :, None]         # [M, G, Hg, P, S]
     return y_intra, d_state, cum.exp(), cum[..., -1].exp(), c, y
+
+
+@functools.lru_cache(maxsize=16)
+def _lower(c: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(c, c, dtype=torch.bool, device=device).tril()
 
 
 def _scan_chunk(s, y_intra, d_state, decay_in, decay_chunk, c, y, cs_buf):
