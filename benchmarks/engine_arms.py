@@ -36,14 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from radixflow.cli import make_parser  # noqa: E402
 from radixflow.commands import bench  # noqa: E402
-from radixflow.commands.common import build_workloads  # noqa: E402
 from radixflow.core.loop import run_trace  # noqa: E402
 from radixflow.core.metrics import measure, merge  # noqa: E402
 from radixflow.engine.calibration import levels_cost  # noqa: E402
-from radixflow.engine.engine import Engine, _dtype  # noqa: E402
-from radixflow.engine.loader import load_model  # noqa: E402
+from radixflow.engine.engine import Engine  # noqa: E402
 from radixflow.engine.models import batch as model_batch  # noqa: E402
-from radixflow.engine.tiny import resolve_model  # noqa: E402
 from radixflow.workloads.trace import fresh_copies  # noqa: E402
 
 
@@ -64,10 +61,8 @@ def main() -> None:
     parser, _ = make_parser(argv)
     bargs = parser.parse_args(argv)
     torch.set_num_threads(bargs.torch_threads or torch.get_num_threads())
-    pl = bench.plan(bargs)
+    pl, loaded, workloads = bench.load(bargs)
     cfg, base = pl.scheduler, pl.engine
-    loaded = load_model(resolve_model(args.model), torch.device("cpu"), _dtype(base.dtype))
-    workloads = build_workloads(bargs, args.model, vocab=min(loaded.model.vocab_size, 32000))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{args.model}, {args.questions} questions, {args.repeat} cycles, load average {load:.1f}")
     seen: dict[tuple, list] = {a: [] for a in arms}

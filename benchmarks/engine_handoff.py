@@ -262,21 +262,15 @@ def bench_arms(name: str, questions: int, repeat: int, arms: list[str]) -> None:
 
     from radixflow.cli import make_parser
     from radixflow.commands import bench
-    from radixflow.commands.common import build_workloads
     from radixflow.core.loop import run_trace
     from radixflow.core.metrics import measure, merge
-    from radixflow.engine.engine import Engine, _dtype
+    from radixflow.engine.engine import Engine
     from radixflow.engine.models import batch as batch_mod
-    from radixflow.engine.tiny import resolve_model
     from radixflow.workloads.trace import fresh_copies
 
     argv = ["bench", "--model", name, "--questions", str(questions)]
-    parser, _ = make_parser(argv)
-    bargs = parser.parse_args(argv)
-    pl = bench.plan(bargs)
+    pl, loaded, workloads = bench.load(make_parser(argv)[0].parse_args(argv))
     cfg, base = pl.scheduler, pl.engine
-    loaded = load_model(resolve_model(name), torch.device("cpu"), _dtype(base.dtype))
-    workloads = build_workloads(bargs, name, vocab=min(loaded.model.vocab_size, 32000))
     folded_mode = batch_mod.FOLD
     seen: dict[str, list] = {a: [] for a in arms}
     for cycle in range(repeat):
@@ -315,22 +309,16 @@ def replay(name: str, questions: int, repeat: int, policy: str) -> None:
 
     from radixflow.cli import make_parser
     from radixflow.commands import bench
-    from radixflow.commands.common import build_workloads
     from radixflow.core.loop import run_trace
-    from radixflow.engine.engine import Engine, _dtype
+    from radixflow.engine.engine import Engine
     from radixflow.engine.models import batch as batch_mod
     from radixflow.engine.models.batch import LevelClock
-    from radixflow.engine.tiny import resolve_model
     from radixflow.workloads.trace import fresh_copies
 
     argv = ["bench", "--model", name, "--questions", str(questions)]
-    parser, _ = make_parser(argv)
-    bargs = parser.parse_args(argv)
-    pl = bench.plan(bargs)
+    pl, loaded, workloads = bench.load(make_parser(argv)[0].parse_args(argv))
     cfg, base = pl.scheduler, pl.engine
-    loaded = load_model(resolve_model(name), torch.device("cpu"), _dtype(base.dtype))
     model = loaded.model
-    workloads = build_workloads(bargs, name, vocab=min(model.vocab_size, 32000))
     calls: list = []  # (engine, rows, scan costs) of each forward with a dependent
     forward = model.forward
     engines = []

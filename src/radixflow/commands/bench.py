@@ -119,20 +119,19 @@ def plan(args) -> Plan:
     return Plan(meta, cfg, engine)
 
 
-def run(args) -> int:
+def load(args):
+    """`bench`'s plan, loaded model and checked workloads for these flags (also the benchmarks' way in:
+    benchmarks/engine_arms.py, engine_handoff.py). Sets no threads: `run` applies --torch-threads."""
     import torch
 
-    from radixflow.engine.engine import Engine, _dtype
+    from radixflow.engine.engine import _dtype
     from radixflow.engine.loader import load_model
     from radixflow.engine.tiny import resolve_model
 
     pl = plan(args)  # every flag checked before the model loads
-    cfg, base = pl.scheduler, pl.engine
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
+    base = pl.engine
     if base.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {base.device} asked for, but torch sees no CUDA device")
-    runs = _runs(args, cfg.handoff)
     loaded = load_model(resolve_model(args.model), torch.device(base.device), _dtype(base.dtype))
     vocab = loaded.model.vocab_size
     workloads = build_workloads(args, args.model, vocab=min(vocab, 32000))
@@ -141,6 +140,19 @@ def run(args) -> int:
             if max(b.prompt) >= vocab:
                 raise ValueError(f"{label}: branch {b.key} has token {max(b.prompt)} outside the vocabulary "
                                  f"[0, {vocab})")
+    return pl, loaded, workloads
+
+
+def run(args) -> int:
+    import torch
+
+    from radixflow.engine.engine import Engine
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    pl, loaded, workloads = load(args)
+    cfg, base = pl.scheduler, pl.engine
+    runs = _runs(args, cfg.handoff)
     results = []
     handoff_info: list[dict] = []  # per run: the rule's choices and the calibrated level predictions
     firsts: list[dict] = []
