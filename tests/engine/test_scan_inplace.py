@@ -9,6 +9,8 @@ import torch
 from radixflow.engine.models import gated_delta, ssd
 from radixflow.engine.models.chunk_plan import blocked_scan, build_chunk_plan
 
+EPS32 = torch.finfo(torch.float32).eps
+
 
 def _ssd_step_allocating(s, y_intra, d_state, decay_in, decay_chunk, c):
     r, g, hg, p, n = s.shape
@@ -48,17 +50,18 @@ def _run_both(plan, inputs, state0, intra, step_inplace, step_ref, out_like, slo
     assert o1.abs().sum() > 0 and c1.abs().sum() > 0   # something was computed and captured
 
 
-def _gdn_reference(q, k, v, g, beta, state0, rows, cuts_of, slots):
-    """Token-by-token gated delta rule in float64: outputs [N, H, dv], states after each cut."""
-    out = torch.zeros(v.shape, dtype=torch.float64)
-    saved = torch.zeros(slots, *state0.shape[1:], dtype=torch.float64)
+def _gdn_reference(q, k, v, g, beta, state0, rows, cuts_of, slots, dtype=torch.float64):
+    """Token-by-token gated delta rule in `dtype` (float64: the reference; float32: the plain recurrence
+    whose own rounding error sets the bound): outputs [N, H, dv], states after each cut."""
+    out = torch.zeros(v.shape, dtype=dtype)
+    saved = torch.zeros(slots, *state0.shape[1:], dtype=dtype)
     for local, (off, n) in enumerate(rows):
-        s = state0[local].double()
+        s = state0[local].to(dtype)
         for t in range(off, off + n):
-            s = s * g[t].double().exp()[:, None, None]
-            u = beta[t].double()[:, None] * (v[t].double() - torch.einsum("hk,hkv->hv", k[t].double(), s))
-            s = s + k[t].double()[:, :, None] * u[:, None, :]
-            out[t] = torch.einsum("hk,hkv->hv", q[t].double(), s)
+            s = s * g[t].to(dtype).exp()[:, None, None]
+            u = beta[t].to(dtype)[:, None] * (v[t].to(dtype) - torch.einsum("hk,hkv->hv", k[t].to(dtype), s))
+            s = s + k[t].to(dtype)[:, :, None] * u[:, None, :]
+            out[t] = torch.einsum("hk,hkv->hv", q[t].to(dtype), s)
             for at, slot in cuts_of[local]:
                 if t - off + 1 == at:
                     saved[slot] = s
@@ -99,8 +102,13 @@ def test_gated_delta_chunked_scan_matches_the_recurrence_in_float64():
         slot += len(cuts)
         cuts_of[plan.rows.index(i)] = cuts
     ref_out, ref_saved = _gdn_reference(q, k, v, gg, beta, state0, rows, cuts_of, slots)
-    assert float((out.double() - ref_out).abs().max()) < 2e-5 * float(ref_out.abs().max())
-    assert float((saved.double() - ref_saved).abs().max()) < 2e-5 * float(ref_saved.abs().max())
+    # the bound: a few times the plain fp32 recurrence's own error against float64 (on this CPU's kernels),
+    # never under a few fp32 ulps of the tensor
+    rec_out, rec_saved = _gdn_reference(q, k, v, gg, beta, state0, rows, cuts_of, slots, torch.float32)
+    for got, ref, rec in ((out, ref_out, rec_out), (saved, ref_saved, rec_saved)):
+        err = float((got.double() - ref).abs().max())
+        bound = max(4 * float((rec.double() - ref).abs().max()), 16 * EPS32 * float(ref.abs().max()))
+        assert err <= bound, (err, bound)
     assert float(ref_out.abs().max()) > 0.1 and float(ref_saved.abs().max()) > 0.1
 
 
