@@ -67,8 +67,12 @@ def test_siblings_resume_at_the_exact_branch_point_inside_a_page():
 
 
 def test_boundary_mode_resumes_only_on_the_grid():
-    s = _run(make_branches(2, doc_len=22, tail=3), small_config(checkpoints="boundary"))
+    s = _run(make_branches(2, doc_len=22, tail=3), wait_config(checkpoints="boundary"))
     assert all(b.cached_tokens % 16 == 0 for b in s.finished)
+    assert s.exact_checkpoints == 0 and s.index.num_tails == 0
+    # with hand-off, a dependent reads its producer's live state: it starts at the last page both share
+    s = _run(make_branches(2, doc_len=22, tail=3), small_config(checkpoints="boundary"))
+    assert [b.cached_tokens for b in s.finished if b.index] == [20] * 6
     assert s.exact_checkpoints == 0 and s.index.num_tails == 0
 
 

@@ -35,7 +35,7 @@ def _frag_key(f):
 
 
 def assert_dependents_sound(s: Scheduler, batch: Batch) -> None:
-    """A dependent reads only a state its producer computes in this forward (SPEC §15)."""
+    """A dependent reads only a state its producer computes in this forward (SPEC §15), on tokens both share."""
     bs, levels = s.block_size, levels_of(batch)
     for i, f in enumerate(batch.fragments):
         if f.after is None:
@@ -43,7 +43,10 @@ def assert_dependents_sound(s: Scheduler, batch: Batch) -> None:
         assert 0 <= f.after < i, "a producer comes before its dependent"
         p = batch.fragments[f.after]
         assert p.start < f.start <= p.end, f"row {i} starts outside its producer's fragment"
-        assert f.start - p.start in {n for n, _ in p.state_out}, "the producer does not compute the state at d"
+        # the producer's state at d is its state after the tokens both rows share: d is a capture of the
+        # producer's row (its Blocked boundary, an exact branch point) or a page boundary the row passes
+        assert f.branch.tokens[: f.start] == p.branch.tokens[: f.start], "a dependent's tokens below d differ"
+        assert f.start % bs == 0 or f.start - p.start in {n for n, _ in p.state_out}, "d is no capture nor page"
         assert levels[i] < s.config.handoff_max_levels, "more levels than --handoff-max-levels"
         assert f.first and f.state_in is None
         k = f.start // bs
@@ -186,7 +189,9 @@ def test_siblings_run_beside_their_producer_in_one_forward():
     assert off.num_rows == 1 and off.deferred == 3
     assert on.num_rows == 4 and on.deferred == 0
     assert [f.after for f in on.fragments] == [None, 0, 0, 0]
-    assert all(f.start == 32 for f in on.fragments[1:])
+    # the dependents start where the shared document ends (its last page, 40), not at the Blocked
+    # boundary 32: a wait would resume there too (the producer's end-of-prompt checkpoint)
+    assert all(f.start == 40 for f in on.fragments[1:])
     assert s.rounds[-1].handoff_rows == 3 and s.rounds[-1].levels == 2
     assert_dependents_sound(s, on)
 

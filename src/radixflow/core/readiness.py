@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from radixflow.cache.pool import IdPool
 from radixflow.cache.radix import Boundary, Match, Node, RadixIndex, chain_hashes
-from radixflow.core.batch import Outcome
+from radixflow.core.batch import Fragment, Outcome
 from radixflow.core.branch import Branch
 from radixflow.core.claims import Claims, finishes_now
 from radixflow.core.handoff import HANDOFF, RECOMPUTE, WAIT, Forward, HandoffCosts, choose
@@ -176,6 +176,25 @@ class Readiness:
             assert depth == bd.ready, (depth, bd.ready)
         return Boundary(bd.ready, snap, None)
 
+    def _handoff_depth(self, b: Branch, m: Match, d: int, prod: Fragment) -> int:
+        """Where a dependent Blocked at `d` starts: the deepest page boundary its producer's row reaches
+        (at most the row's end) on tokens the branch shares with that row and matches in the tree, so it
+        computes no token a wait would not (a waiting branch resumes at t+1 from the producer's last
+        checkpoint, e.g. its finished prompt's last page, not from the interval boundary it was Blocked
+        on). vllm-align keeps `d`: vLLM's split assumes starts on its own grid."""
+        r = self.rules
+        if r.vllm_align:
+            return d
+        bs = r.block_size
+        lim = min(m.depth, prod.end)
+        if lim - d < bs:
+            return d
+        mine, theirs = b.tokens, prod.branch.tokens
+        e = d
+        while e < lim and mine[e] == theirs[e]:
+            e += 1
+        return max(d, e // bs * bs)
+
     def _handoff(self, b: Branch, m: Match, bd: Boundary, tokens: int, claims: Claims | None, next_sure: bool,
                  frag: bool, forward: Forward) -> Plan | str | None:
         """A dependent row's plan for `b`, Blocked at d = bd.blocking.depth, or `auto`'s RECOMPUTE / WAIT,
@@ -192,6 +211,7 @@ class Readiness:
         d = snap.depth
         if not prod.start < d <= prod.end:
             return None
+        d = self._handoff_depth(b, m, d, prod)
         level = forward.levels[p] + 1
         if level >= self.config.handoff_max_levels:
             return None
