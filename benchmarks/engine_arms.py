@@ -1,7 +1,8 @@
 """The arms of `radixflow bench` side by side on a shared machine: each (policy, --handoff) run in turn,
 cycled --repeat times in one process on the same loaded model, so every arm sees the same load; prints
 each run and the medians of T_host, mean latency and the extra levels' time, gross and marginal (SPEC §15,
-docs/handoff.md). Figures are printed, never asserted.
+docs/handoff.md), and each arm's first tokens against the first arm's (the same set in every cycle).
+Figures are printed, never asserted.
 
 Two figures that other processes on the machine move less than T_host (wall clock):
 - T_cpu: the process CPU time of the forwards (what T_host is when nothing else runs; cache contention
@@ -69,15 +70,20 @@ def main() -> None:
     rounds: dict[tuple, list] = {a: [] for a in arms}  # per cycle: the arm's per-round features and CPU time
     calls = _count_scan_calls()
     marginal: dict[tuple, list] = {a: [] for a in arms}  # the levels' marginal share (engine/calibration.py)
+    firsts: dict[tuple, dict] = {a: {} for a in arms}  # (part, branch key) -> first token, every cycle
     for cycle in range(args.repeat):
         for policy, mode in arms:
             parts, levels, recs = [], [], []
-            for _, brs in workloads:
+            for part, (_, brs) in enumerate(workloads):
                 eng = Engine(replace(base, policy=policy, scheduler=replace(cfg, handoff=mode)), loaded=loaded)
                 _record_rounds(eng.executor, recs, calls)
                 cal = eng.executor.calibration
                 since = len(cal.levels_log) if cal is not None else 0
-                parts.append(measure(policy, run_trace(eng.scheduler, eng.executor, fresh_copies(brs))))
+                copies = fresh_copies(brs)
+                parts.append(measure(policy, run_trace(eng.scheduler, eng.executor, copies)))
+                for b in copies:
+                    if b.output:
+                        firsts[(policy, mode)].setdefault((part, b.key), set()).add(b.output[0])
                 levels += cal.levels_log[since:] if cal is not None else []
                 del eng.executor.execute  # the wrapper's cycle would keep the engine's pool alive
                 del eng
@@ -107,6 +113,11 @@ def main() -> None:
               f"{statistics.median(marginal[a]):.1%} marginal; T_cpu {cpu[a]:6.2f} s "
               f"(x{cpu[a] / min(cpu.values()):.3f}), scan calls {n_calls}"
               f", T_work {work[a]:6.2f} s (x{work[a] / min(work.values()):.3f})")
+    ref = firsts[arms[0]]
+    for a in arms[1:]:
+        same = sum(1 for k, v in firsts[a].items() if v == ref.get(k))
+        print(f"first-token agreement {a[0]}:{a[1]} vs {arms[0][0]}:{arms[0][1]} over all cycles: "
+              f"{100 * same / max(1, len(firsts[a])):.2f}% ({same}/{len(firsts[a])})")
     print("one cost model over every arm's rounds (CPU ms): " + ", ".join(
         f"{1000 * c:.4g} per {name}" for name, c in zip(FEATURES, coef)))
 
