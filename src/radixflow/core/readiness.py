@@ -190,8 +190,10 @@ class Readiness:
         if lim - d < bs:
             return d
         mine, theirs = b.tokens, prod.branch.tokens
+        if mine[d:lim] == theirs[d:lim]:  # the usual case (siblings of one prompt), compared in C
+            return lim // bs * bs
         e = d
-        while e < lim and mine[e] == theirs[e]:
+        while mine[e] == theirs[e]:
             e += 1
         return max(d, e // bs * bs)
 
