@@ -472,6 +472,25 @@ class Level:
         return self._t([self.batch.offsets[i] for i in self.decode_rows])
 
     @cached_property
+    def _decode_all_rows(self) -> bool:
+        return self.decode_rows == list(range(len(self.batch.rows)))
+
+    def decode_states(self, init: torch.Tensor) -> torch.Tensor:
+        """The decode rows' initial states [R, ...]: `init` itself when they are all the call's rows in order
+        (`init` is the call's own copy: the step updates it in place), else a copy of their rows."""
+        return init if self._decode_all_rows else init[self.decode_row_index]
+
+    def decode_saved(self, states: torch.Tensor) -> torch.Tensor:
+        """The decode rows' states to save at `decode_captures`' slots: `states` itself when every decode
+        row captures once, in order (no copy), else the capturing rows' copies."""
+        local, _ = self.decode_captures
+        return states if self._captures_all else states[local]
+
+    @cached_property
+    def _captures_all(self) -> bool:
+        return self.decode_captures[0].tolist() == list(range(len(self.decode_rows)))
+
+    @cached_property
     def decode_captures(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(local decode-row index, slot) of every state_out of the 1-token rows."""
         rows = self.batch.rows
