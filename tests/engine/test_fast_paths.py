@@ -88,3 +88,42 @@ def test_context_read_as_a_view_runs_or_a_gather_gives_the_same_logits():
     assert runs == {"consecutive": 1, "two runs": 2, "scattered": need}
     assert torch.equal(logits["consecutive"], logits["two runs"])
     assert torch.equal(logits["consecutive"], logits["scattered"])
+
+
+def test_decode_rows_sharing_a_prefix_read_it_once_with_the_per_row_logits():
+    """1-token rows grouped by their context's first slot (`BatchContext.decode_groups`): the shared part
+    read once for all of them, each row's rest apart, against each row through SDPA alone."""
+    from radixflow.engine.models import attention
+    from radixflow.engine.models.batch import BatchContext
+
+    torch.set_num_threads(1)
+    model = _model("tiny-qwen3")
+    gen = torch.Generator().manual_seed(4)
+    ctx = 5 * BLOCK + 7   # the prompt's last page partial: each row its own copy of it
+    prompt = torch.randint(0, 256, (ctx,), generator=gen).tolist()
+    other = torch.randint(0, 256, (2 * BLOCK,), generator=gen).tolist()
+    cache = model.allocate_cache(64, BLOCK, 0)
+    model([RowInput(prompt, 0, list(range(6)), None, [], []),
+           RowInput(other, 0, [40, 41], None, [], [])], cache)
+    rows = []
+    for own in (6, 9, 30, 12):   # page 6 follows the prompt's pages: one longer first run
+        cache.copy_page(5, own)
+        rows.append(RowInput([int(torch.randint(0, 256, (1,), generator=gen))], ctx, list(range(5)) + [own],
+                             None, [], [0]))
+    cache.copy_page(4, 13)   # a shorter context from the same first page: the group's shared part is cut to it
+    rows.append(RowInput([5], ctx - 20, list(range(4)) + [13], None, [], [0]))
+    rows.append(RowInput([7], 2 * BLOCK, [40, 41, 42], None, [], [0]))   # a group of one, no rest but itself
+    rows.append(RowInput([9, 10, 11], ctx, list(range(5)) + [50], None, [], [2]))   # multi-token: per row
+    cache.copy_page(5, 50)
+    batch = BatchContext(rows, BLOCK, torch.device("cpu"))
+    assert sorted(batch.decode_groups()) == [(0, 4 * BLOCK, [0, 1, 2, 3, 4]), (40 * BLOCK, 2 * BLOCK, [5])]
+    assert batch.decode_group_rest(0, 4 * BLOCK, [0, 1, 2, 3, 4])[1] is not None   # rests of unequal length
+    out = {}
+    for grouped in (True, False):
+        attention.DECODE_GROUPS = grouped
+        try:
+            out[grouped] = model(rows, cache)
+        finally:
+            attention.DECODE_GROUPS = True
+    assert (out[True] - out[False]).abs().max() < 1e-5
+    assert torch.equal(out[True].argmax(-1), out[False].argmax(-1))

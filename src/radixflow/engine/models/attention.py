@@ -30,7 +30,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Ba
         k_pool.index_copy_(0, dst, k_pool.index_select(0, src))
         v_pool.index_copy_(0, dst, v_pool.index_select(0, src))
     out = torch.empty_like(q)
+    decoded: set[int] = set()
+    for a, m, rows in (batch.decode_groups() if DECODE_GROUPS else ()):
+        _decode_attention(q, k_pool, v_pool, batch, a, m, rows, out, scale)
+        decoded.update(rows)
     for i, row in enumerate(batch.rows):
+        if i in decoded:
+            continue
         lo, hi = batch.offsets[i], batch.offsets[i + 1]
         if row.start == 0:
             keys, values = k[lo:hi], v[lo:hi]
@@ -52,6 +58,47 @@ def _context(pool: torch.Tensor, batch: BatchContext, i: int) -> torch.Tensor:
 
 
 _MAX_RUNS = 8
+DECODE_GROUPS = True   # 1-token rows by `_decode_attention` (False: each row by SDPA, as multi-token rows)
+
+
+def _decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: BatchContext,
+                      a: int, m: int, rows: list[int], out: torch.Tensor, scale: float) -> None:
+    """1-token rows whose contexts begin with the same `m` cache slots [a, a + m): that shared part is
+    read once, as a view of the pool, for all the rows' queries (one product per KV head), and each
+    row's rest of its context (its own page: a few slots, gathered) apart; the two softmax parts are
+    joined by their log-sum-exps. No copy of the shared context, and it is read once, not once a row."""
+    g, hkv, d = len(rows), k_pool.shape[1], k_pool.shape[2]
+    tok = batch.decode_group_tokens(rows)
+    qg = q.index_select(0, tok).view(g, hkv, -1, d)                       # [G, Hkv, heads per KV, D]
+    rep = qg.shape[2]
+    # shared part: [Hkv, G * rep, D] against [Hkv, m, D]
+    qs = qg.permute(1, 0, 2, 3).reshape(hkv, g * rep, d)
+    ks = k_pool[a:a + m].transpose(0, 1).to(q.dtype)
+    vs = v_pool[a:a + m].transpose(0, 1).to(q.dtype)
+    s1 = torch.bmm(qs, ks.transpose(1, 2)).mul_(scale)
+    o1, lse1 = _softmax_av(s1, vs)                                        # [Hkv, G*rep, D], [Hkv, G*rep, 1]
+    o1 = o1.view(hkv, g, rep, d).permute(1, 0, 2, 3)
+    lse1 = lse1.view(hkv, g, rep, 1).permute(1, 0, 2, 3)
+    # each row's rest: [G, R] slots (padded), valid where < the row's rest length
+    rest, valid = batch.decode_group_rest(a, m, rows)
+    kr = k_pool[rest].to(q.dtype).permute(0, 2, 3, 1)                     # [G, Hkv, D, R]
+    vr = v_pool[rest].to(q.dtype).transpose(1, 2)                         # [G, Hkv, R, D]
+    s2 = torch.matmul(qg, kr).mul_(scale)                                 # [G, Hkv, rep, R]
+    if valid is not None:
+        s2.masked_fill_(~valid[:, None, None, :], float("-inf"))
+    o2, lse2 = _softmax_av(s2, vr)
+    lse = torch.logaddexp(lse1, lse2)
+    o = o1 * (lse1 - lse).exp_() + o2 * (lse2 - lse).exp_()
+    out.index_copy_(0, tok, o.reshape(g, hkv * rep, d).to(out.dtype))
+
+
+def _softmax_av(s: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(s) @ v and the log-sum-exp of s over its last dim (s is overwritten)."""
+    mx = s.amax(-1, keepdim=True)
+    p = s.sub_(mx).exp_()
+    total = p.sum(-1, keepdim=True)
+    o = torch.matmul(p, v).div_(total)
+    return o, total.log_().add_(mx)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

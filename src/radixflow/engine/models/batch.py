@@ -320,6 +320,48 @@ class BatchContext:
             self.extras[key] = runs
         return self.extras[key]  # type: ignore[return-value]
 
+    def decode_groups(self) -> list[tuple[int, int, list[int]]]:
+        """1-token rows resuming at start > 0 (not dependents), grouped by the first cache slot of their
+        context: (first slot a, shared length m, rows), the rows' contexts all beginning with slots
+        [a, a + m), m <= each row's start (so the shared part needs no causal mask)."""
+        key = "decode_groups"
+        if key not in self.extras:
+            groups: dict[int, list[int]] = {}
+            for i, r in enumerate(self.rows):
+                if self.lengths[i] == 1 and r.start > 0 and r.after is None:
+                    groups.setdefault(self.context_runs(i)[0][0], []).append(i)
+            out = []
+            for a, rows in groups.items():
+                m = min(min(self.context_runs(i)[0][1] - a, self.rows[i].start) for i in rows)
+                out.append((a, m, rows))
+            self.extras[key] = out
+        return self.extras[key]  # type: ignore[return-value]
+
+    def decode_group_tokens(self, rows: list[int]) -> torch.Tensor:
+        key = f"decode_tok{rows}"
+        if key not in self.extras:
+            self.extras[key] = self._t([self.offsets[i] for i in rows])
+        return self.extras[key]  # type: ignore[return-value]
+
+    def decode_group_rest(self, a: int, m: int, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The slots of each row's context after the shared [a, a + m): [G, R] (padded with the row's
+        last slot) and [G, R] validity (None when every row has R)."""
+        key = f"decode_rest{a},{m},{rows}"
+        if key not in self.extras:
+            rests = []
+            for i in rows:
+                runs = list(self.context_runs(i))
+                runs[0] = (runs[0][0] + m, runs[0][1])
+                rests.append([s for lo, hi in runs for s in range(lo, hi)])
+            width = max(len(x) for x in rests)
+            idx = self._t([x + [x[-1]] * (width - len(x)) for x in rests])
+            valid = None
+            if any(len(x) < width for x in rests):
+                valid = torch.tensor([[j < len(x) for j in range(width)] for x in rests], dtype=torch.bool,
+                                     device=self.device)
+            self.extras[key] = (idx, valid)
+        return self.extras[key]  # type: ignore[return-value]
+
     def causal_mask(self, i: int) -> torch.Tensor | None:
         """Bool mask [len, start+len] for a row resuming at start > 0 (None when not needed)."""
         r, n = self.rows[i], self.lengths[i]
@@ -428,6 +470,25 @@ class Level:
     @cached_property
     def decode_token_index(self) -> torch.Tensor:
         return self._t([self.batch.offsets[i] for i in self.decode_rows])
+
+    @cached_property
+    def _decode_all_rows(self) -> bool:
+        return self.decode_rows == list(range(len(self.batch.rows)))
+
+    def decode_states(self, init: torch.Tensor) -> torch.Tensor:
+        """The decode rows' initial states [R, ...]: `init` itself when they are all the call's rows in order
+        (`init` is the call's own copy: the step updates it in place), else a copy of their rows."""
+        return init if self._decode_all_rows else init[self.decode_row_index]
+
+    def decode_saved(self, states: torch.Tensor) -> torch.Tensor:
+        """The decode rows' states to save at `decode_captures`' slots: `states` itself when every decode
+        row captures once, in order (no copy), else the capturing rows' copies."""
+        local, _ = self.decode_captures
+        return states if self._captures_all else states[local]
+
+    @cached_property
+    def _captures_all(self) -> bool:
+        return self.decode_captures[0].tolist() == list(range(len(self.decode_rows)))
 
     @cached_property
     def decode_captures(self) -> tuple[torch.Tensor, torch.Tensor]:

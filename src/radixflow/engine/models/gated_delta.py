@@ -50,16 +50,20 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 
 def _decode(args: list[torch.Tensor], init: torch.Tensor, level: Level, pool: torch.Tensor,
             out: torch.Tensor) -> None:
-    """One token per row: the recurrence itself, batched over the decode rows."""
+    """One token per row: the recurrence itself, batched over the decode rows, in place on the rows' own
+    copies of their states (`init`'s rows): decay, the rank-1 write and the read with no state-sized
+    temporary."""
     idx = level.decode_token_index
     q, k, v, g, beta = (t[idx] for t in args)
-    rows = level.decode_row_index
-    s = init[rows] * g.exp()[..., None, None]
-    u = beta[..., None] * (v - torch.einsum("rhk,rhkv->rhv", k, s))
-    s = s + k[..., :, None] * u[..., None, :]
-    out[idx] = torch.einsum("rhk,rhkv->rhv", q, s)
-    local, slots = level.decode_captures
-    save_states(pool, slots, s[local])
+    s = level.decode_states(init)                                  # [R, H, dk, dv], this call's own copy
+    s.mul_(g.exp()[..., None, None])
+    r, h, dk, dv = s.shape
+    flat = s.view(r * h, dk, dv)
+    sk = torch.bmm(k.reshape(r * h, 1, dk), flat)                  # k^T S  [R*H, 1, dv]
+    u = (v.reshape(r * h, 1, dv) - sk).mul_(beta.reshape(r * h, 1, 1))
+    flat.baddbmm_(k.reshape(r * h, dk, 1), u)                      # S += k u^T
+    out[idx] = torch.bmm(q.reshape(r * h, 1, dk), flat).view(r, h, dv)
+    save_states(pool, level.decode_captures[1], level.decode_saved(s))
     if level.decode_hands is not None:  # a dependent's initial state: read when its level runs
         local, deps = level.decode_hands
         init.index_copy_(0, deps, s[local])

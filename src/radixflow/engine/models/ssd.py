@@ -47,16 +47,18 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a_log_neg: torch.Tensor, b: torc
 
 
 def _decode(args, init, level: Level, pool, out, groups: int) -> None:
+    """One token per row, the recurrence in place on the rows' own copies of their states (`init`'s
+    rows): decay, the rank-1 write (B shared by a group's heads, broadcast, never copied per head)
+    and the read by C, with no state-sized temporary."""
     idx = level.decode_token_index
     xdt, decay, b, c = (t[idx] for t in args)
-    heads = xdt.shape[1]
-    group_of_head = torch.arange(heads, device=idx.device) // (heads // groups)
-    bh, ch = b[:, group_of_head], c[:, group_of_head]               # [R, H, S]
-    rows = level.decode_row_index
-    s = init[rows] * decay.exp()[..., None, None] + xdt[..., :, None] * bh[:, :, None, :]
-    out[idx] = (s @ ch[..., None])[..., 0]
-    local, slots = level.decode_captures
-    save_states(pool, slots, s[local])
+    r, heads, p = xdt.shape
+    s = level.decode_states(init)                                  # [R, H, P, S], this call's own copy
+    s.mul_(decay.exp()[..., None, None])
+    sg = s.view(r, groups, heads // groups, p, -1)
+    sg.addcmul_(xdt.view(r, groups, heads // groups, p)[..., None], b[:, :, None, None, :])
+    out[idx] = torch.matmul(sg, c[:, :, None, :, None]).view(r, heads, p)
+    save_states(pool, level.decode_captures[1], level.decode_saved(s))
     if level.decode_hands is not None:  # a dependent's initial state: read when its level runs
         local, deps = level.decode_hands
         init.index_copy_(0, deps, s[local])

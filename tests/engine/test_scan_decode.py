@@ -1,0 +1,70 @@
+"""The 1-token (decode) steps of both scans, updating the rows' state copies in place, against the
+allocating steps they replaced (kept here as the reference): logits and saved states, on a batch of
+decode rows only (the states updated in `init` itself) and on one mixed with a prefill row and a
+decode row that captures nothing (the rows' copies and the capturing rows selected)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixflow.engine.models import RowInput, build_model, gated_delta, ssd
+from radixflow.engine.models.states import save_states
+from radixflow.engine.tiny import TINY_CONFIGS, random_weights
+
+BLOCK = 16
+
+
+def _gdn_decode_allocating(args, init, level, pool, out):
+    idx = level.decode_token_index
+    q, k, v, g, beta = (t[idx] for t in args)
+    s = init[level.decode_row_index] * g.exp()[..., None, None]
+    u = beta[..., None] * (v - torch.einsum("rhk,rhkv->rhv", k, s))
+    s = s + k[..., :, None] * u[..., None, :]
+    out[idx] = torch.einsum("rhk,rhkv->rhv", q, s)
+    local, slots = level.decode_captures
+    save_states(pool, slots, s[local])
+
+
+def _ssd_decode_allocating(args, init, level, pool, out, groups):
+    idx = level.decode_token_index
+    xdt, decay, b, c = (t[idx] for t in args)
+    heads = xdt.shape[1]
+    group_of_head = torch.arange(heads) // (heads // groups)
+    bh, ch = b[:, group_of_head], c[:, group_of_head]
+    s = init[level.decode_row_index] * decay.exp()[..., None, None] + xdt[..., :, None] * bh[:, :, None, :]
+    out[idx] = (s @ ch[..., None])[..., 0]
+    local, slots = level.decode_captures
+    save_states(pool, slots, s[local])
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3.5", "tiny-nemotron-h"])
+def test_decode_steps_in_place_match_the_allocating_steps(name, monkeypatch):
+    torch.set_num_threads(1)
+    cfg = TINY_CONFIGS[name]
+    model = build_model(cfg)
+    model.load_state_dict(random_weights(cfg, 5))
+    model.eval()
+    gen = torch.Generator().manual_seed(6)
+    prompt = torch.randint(0, 256, (40,), generator=gen).tolist()
+    toks = torch.randint(0, 256, (6,), generator=gen).tolist()
+    decode_only = [RowInput([t], 40, [0, 1, 2, 10 + i], 0, [(1, 1 + i)], [0]) for i, t in enumerate(toks[:4])]
+    mixed = [RowInput(prompt[:20], 0, [20, 21], None, [(20, 8)], [19]),
+             RowInput([toks[4]], 40, [0, 1, 2, 30], 0, [], [0]),            # captures nothing
+             RowInput([toks[5]], 40, [0, 1, 2, 31], 0, [(1, 9)], [0])]
+    results = {}
+    for ref in (False, True):
+        if ref:
+            monkeypatch.setattr(gated_delta, "_decode", _gdn_decode_allocating)
+            monkeypatch.setattr(ssd, "_decode", _ssd_decode_allocating)
+        cache = model.allocate_cache(40, BLOCK, 12)
+        model([RowInput(prompt, 0, [0, 1, 2], None, [(40, 0)], [])], cache)
+        got = [model(rows, cache) for rows in (decode_only, mixed)]
+        results[ref] = (got, [t.clone() for t in cache.rec])
+    (new, new_rec), (old, old_rec) = results[False], results[True]
+    for a, b in zip(new, old):
+        assert a.abs().sum() > 0
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+    for a, b in zip(new_rec, old_rec):
+        assert b[1:5].abs().sum() > 0 and b[9].abs().sum() > 0      # the captures were written
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()
