@@ -409,3 +409,74 @@ def test_compaction_drops_superseded_entries_and_keeps_the_orders():
     deep.compact()
     assert len(rot.ahead) + len(rot.behind) == len(deep.heap) == 40
     assert rot.order(view) == lap and deep.deepest(view) == pick
+
+
+# ----------------------------------------------------------------------------- the adaptive's cold order
+def _ops_run(sg, ops, page) -> None:
+    """The random requests of the kept-order tests (grow, hold, release, evict) on one twin."""
+    hist = {h: [7] * (2 * page) + [1000 * (h + 1) + i for i in range(page * (1 + h % 3))] for h in range(6)}
+    held = {}
+    for op, h, n in ops:
+        if op == "grow" and h not in held:
+            toks = hist[h]
+            state = sg.start(toks, n * page)
+            hist[h] = toks + [1000 * (h + 1) + len(toks) + i for i in range(n * page)]
+            sg.finish(state, hist[h])
+        elif op == "hold" and h not in held and len(held) < 2:
+            held[h] = sg.start(hist[h], page)
+        elif op == "release" and held:
+            k = sorted(held)[h % len(held)]
+            sg.finish(held.pop(k), hist[k])
+        elif op == "evict":
+            sg.evict(n * page)
+        sg.check()
+    for k, state in held.items():
+        sg.finish(state, hist[k])
+    sg.evict(10**6)
+    sg.check()
+
+
+def _adaptive_records(order: str, q, run, monkeypatch) -> list:
+    from radixflow.integrations.sglang import adaptive
+
+    monkeypatch.setenv("RADIXFLOW_SGLANG_COLD_ORDER", order)
+    if q is None:
+        return run()
+    with adaptive.forced(q):
+        return run()
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(ops=OPS, page=st.sampled_from([1, 4]), q=st.sampled_from([0.125, 0.5, 0.75, 1.0]))
+def test_adaptive_kept_cold_order_cuts_what_the_sorted_walk_cuts(ops, page, q, monkeypatch):
+    """The tail rule on every call (cold share q) over the kept `ColdOrder` and over a sort of every
+    leaf per pass: the same evict calls, freeing the same tokens and leaving the same tree, through
+    random requests with locks held across steps; SGLang's sanity check after every step."""
+
+    def run():
+        sg = RecordingTwin("radixflow-adaptive", 96 * page, page)
+        _ops_run(sg, ops, page)
+        assert sg.cache.components[FULL].tail_calls == len(sg.record)
+        return sg.record
+
+    kept, by_sort = (_adaptive_records(o, q, run, monkeypatch) for o in ("kept", "sorted"))
+    assert kept == by_sort
+
+
+@pytest.mark.parametrize("q", [0.125, 0.5, None])
+@pytest.mark.parametrize("page", [16, 1])
+def test_adaptive_kept_cold_order_on_the_agentic_config(q, page, monkeypatch):
+    """The sweep's agentic shape (smaller), the tail rule forced at q or the duel's choice (None):
+    the kept cold order's evict calls are the sorted walk's, call for call."""
+    monkeypatch.setenv("RADIXFLOW_SGLANG_CHUNK_TOKENS", "64")
+    cfg = agentic_config(page)
+
+    def run():
+        sg = RecordingTwin("radixflow-adaptive", cfg["capacity"], cfg["page"], small_kv=True)
+        sweep.replay(sg, cfg["sessions"], 1.0)
+        return sg.record, sg.cache.components[FULL].tail_calls
+
+    kept, by_sort = (_adaptive_records(o, q, run, monkeypatch) for o in ("kept", "sorted"))
+    assert len(kept[0]) > 3 and (q is None or kept[1] == len(kept[0]))
+    assert kept == by_sort

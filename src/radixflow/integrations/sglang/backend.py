@@ -277,15 +277,22 @@ def _first(pair):
 
 class _LeafSet(set):
     """SGLang's `evictable_device_leaves`, noting every node that joins it (`fresh`): the feed of
-    the kept orders. SGLang adds to the set in one place (`_update_evictable_leaf_sets`) and
-    replaces it only on `reset`."""
+    the kept orders; with `gone`, every node that leaves it too (an order that counts the set's
+    members exactly: the adaptive's cold share). SGLang adds to and discards from the set in one
+    place (`_update_evictable_leaf_sets`; our `_drop_leaf` discards too) and replaces it only on
+    `reset`."""
 
-    __slots__ = ("fresh",)
+    __slots__ = ("fresh", "gone")
 
     def add(self, node) -> None:
         if node not in self:
             self.fresh[node] = None
         set.add(self, node)
+
+    def discard(self, node) -> None:
+        if self.gone and node in self:
+            self.fresh[node] = None
+        set.discard(self, node)
 
 
 class GreedyDual:
@@ -384,6 +391,7 @@ class RadixflowFullComponent(FullComponent):
     recency and leaf order that policy reads, kept as our `RadixIndex` keeps them."""
 
     policy_kind = "rr-tail"
+    leaves_gone_feed = False  # the feed reports leaves leaving SGLang's set too (`_LeafSet.gone`)
 
     def __init__(self, cache, params) -> None:
         super().__init__(cache, params)
@@ -413,7 +421,9 @@ class RadixflowFullComponent(FullComponent):
         if type(leaves) is not _LeafSet:  # first use, or SGLang's reset made a new set
             wrapped = _LeafSet(leaves)
             wrapped.fresh = {}
+            wrapped.gone = self.leaves_gone_feed
             self.tree_core.evictable_device_leaves = wrapped
+            self._orders_reset()
             for order in ("_rotation", "_deepest"):  # the kept orders start afresh (the cursor stays)
                 if hasattr(self.policy, order):
                     setattr(self.policy, order, None)
@@ -427,6 +437,10 @@ class RadixflowFullComponent(FullComponent):
             out += self._changed
             self._changed.clear()
         return out
+
+    def _orders_reset(self) -> None:
+        """The feed starts afresh (its next drain is every evictable leaf): orders kept by a
+        subclass drop what they hold."""
 
     @staticmethod
     def _view_order(node):
@@ -462,7 +476,7 @@ class RadixflowFullComponent(FullComponent):
                 self._children_changed(parent, len(parent.children), node, added=True)
                 self._changed[parent] = None  # leaves the kept orders now, not when a walk meets it
         self._stamp_path(node)  # our `insert(..., now)` then `touch(node, now)`
-        if self._flop_kept and not is_new_leaf:
+        if (self._flop_kept or self.leaves_gone_feed) and not is_new_leaf:
             self._changed[node] = None  # a leaf re-stamped in the evictable set moves in the kept order
         self._bound_feed()
         self._enter_changes()
