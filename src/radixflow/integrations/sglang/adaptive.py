@@ -443,6 +443,9 @@ class DuelFullComponent(RadixflowFullComponent):
         self._matched: dict[int, tuple] = {}  # node id -> trajectory key of the last match ending there
         self._cold_kept = cold_order() == "kept"
         self._cold = ColdOrder()
+        # the lru calls' heap kept across calls (`kept_lru_walk`): (last_access_time, leaf) entries
+        self._lru_heap: list = []
+        self._lru_live: dict = {}
 
     # --------------------------------------------------------------- evidence
     def finalize_match_result_in_cache(self, params, result):
@@ -591,8 +594,48 @@ class DuelFullComponent(RadixflowFullComponent):
 
     def _start_walk(self, view, need: int):
         if self.q is None:
+            if self._cold_kept and view.trims and self._plain_lru():
+                return self.kept_lru_walk(need)
             return self.lru_walk(need)
         return self.cold_level_walk(view, need, self.q)
+
+    def kept_lru_walk(self, need: int):
+        """`lru_walk` over a heap kept across calls: every evictable leaf has an entry keyed by its
+        `last_access_time` when it entered (the feed: joined SGLang's set). SGLang's counter only
+        grows (a match, an insert walk or a split restamps a node with a fresh count), so an entry's
+        key is at most the leaf's time now: one popped with an old key goes back with the new one,
+        and the first popped whose key is its time is the least recent leaf, as the walk's fresh
+        heap gives it. A victim's parent enters from the feed before the next pop (SGLang's walk
+        pushes it). A call costs O((changes + victims + restamped) log L), not a heap of every leaf."""
+        heap, live = self._lru_heap, self._lru_live
+        members = self.tree_core.evictable_device_leaves
+        pop, push = heapq.heappop, heapq.heappush
+        freed = 0
+        while freed < need:
+            self._sync_cold()
+            while heap:
+                e = pop(heap)
+                x = e[1]
+                if live.get(x) is not e:
+                    continue
+                if x not in members:
+                    del live[x]
+                    continue
+                t = x.last_access_time
+                if e[0] != t:
+                    e = live[x] = (t, x)
+                    push(heap, e)
+                    continue
+                break
+            else:
+                return
+            del live[x]
+            freed += yield x
+
+    def _plain_lru(self) -> bool:
+        """SGLang's FULL priority is its lru's (the node's counter), not a session-aware one."""
+        self._ensure_eviction_strategy()
+        return getattr(self.session_ref_eviction_strategy, "__func__", None) is LRUStrategy.get_priority
 
     def lru_walk(self, need: int):
         """SGLang's own lru walk (`FullComponent._evict_device_*`), victim for victim: a heap of
@@ -623,6 +666,7 @@ class DuelFullComponent(RadixflowFullComponent):
     # --------------------------------------------------------------- the kept cold order
     def _orders_reset(self) -> None:
         self._cold.reset()
+        self._lru_heap, self._lru_live = [], {}
 
     def _enter_changes(self) -> None:
         """On every insert (the request path): what changed enters the cold order now, so a tail
@@ -633,8 +677,20 @@ class DuelFullComponent(RadixflowFullComponent):
     def _sync_cold(self) -> None:
         view = self._kept_view()
         changes = view.changes()  # every evictable leaf after a reset (`_orders_reset` ran first)
-        self._cold.update(view, changes, self.tree_core.evictable_device_leaves, self.next_leaf_seq)
+        members = self.tree_core.evictable_device_leaves
+        self._cold.update(view, changes, members, self.next_leaf_seq)
         self._cold.compact()
+        heap, live = self._lru_heap, self._lru_live
+        for n in changes:
+            if n in members:
+                e = (n.last_access_time, n)
+                live[n] = e
+                heapq.heappush(heap, e)
+            else:
+                live.pop(n, None)
+        if len(heap) > 3 * len(live) // 2 + 32:
+            heap[:] = [e for e in heap if live.get(e[1]) is e]
+            heapq.heapify(heap)
 
     def cold_level_walk(self, view, need: int, q: float):
         """The tail rule: the `q` least recently used evictable leaves (our stamps; ties: the order
