@@ -277,20 +277,25 @@ def _first(pair):
 
 class _LeafSet(set):
     """SGLang's `evictable_device_leaves`, noting every node that joins it (`fresh`): the feed of
-    the kept orders; with `gone`, every node that leaves it too (an order that counts the set's
-    members exactly: the adaptive's cold share). SGLang adds to and discards from the set in one
-    place (`_update_evictable_leaf_sets`; our `_drop_leaf` discards too) and replaces it only on
-    `reset`."""
+    the kept orders. SGLang adds to and discards from the set in one place
+    (`_update_evictable_leaf_sets`; our `_drop_leaf` discards too) and replaces it only on `reset`."""
 
-    __slots__ = ("fresh", "gone")
+    __slots__ = ("fresh",)
 
     def add(self, node) -> None:
         if node not in self:
             self.fresh[node] = None
         set.add(self, node)
 
+
+class _LeafSetWithDepartures(_LeafSet):
+    """`_LeafSet` noting every node that leaves the set too: for an order that counts the set's
+    members exactly (the adaptive's cold share); the others' sets keep C's `discard`."""
+
+    __slots__ = ()
+
     def discard(self, node) -> None:
-        if self.gone and node in self:
+        if node in self:
             self.fresh[node] = None
         set.discard(self, node)
 
@@ -391,7 +396,7 @@ class RadixflowFullComponent(FullComponent):
     recency and leaf order that policy reads, kept as our `RadixIndex` keeps them."""
 
     policy_kind = "rr-tail"
-    leaves_gone_feed = False  # the feed reports leaves leaving SGLang's set too (`_LeafSet.gone`)
+    leaves_gone_feed = False  # the feed reports leaves leaving SGLang's set too (`_LeafSetWithDepartures`)
 
     def __init__(self, cache, params) -> None:
         super().__init__(cache, params)
@@ -418,10 +423,10 @@ class RadixflowFullComponent(FullComponent):
     # --------------------------------------------------------------- the kept orders' feed
     def drain_changes(self) -> list:
         leaves = self.tree_core.evictable_device_leaves
-        if type(leaves) is not _LeafSet:  # first use, or SGLang's reset made a new set
-            wrapped = _LeafSet(leaves)
+        kind = _LeafSetWithDepartures if self.leaves_gone_feed else _LeafSet
+        if type(leaves) is not kind:  # first use, or SGLang's reset made a new set
+            wrapped = kind(leaves)
             wrapped.fresh = {}
-            wrapped.gone = self.leaves_gone_feed
             self.tree_core.evictable_device_leaves = wrapped
             self._orders_reset()
             for order in ("_rotation", "_deepest"):  # the kept orders start afresh (the cursor stays)
@@ -522,7 +527,7 @@ class RadixflowFullComponent(FullComponent):
         afresh (the same orders: they are the whole walks' by construction)."""
         limit = 2 * len(self.tree_core._node_arena) + 64
         leaves = self.tree_core.evictable_device_leaves
-        wrapped = type(leaves) is _LeafSet
+        wrapped = isinstance(leaves, _LeafSet)
         if len(self._changed) > limit or (wrapped and len(leaves.fresh) > limit):
             self._changed.clear()
             if wrapped:
@@ -656,9 +661,10 @@ class RadixflowFullComponent(FullComponent):
                 if len(self._values) > 4 * len(self.tree_core._node_arena) + 64:
                     self._values.clear()
                 view = self._view = self._kept_view()
-                self._whole = view.trims and need < self.tree_core.full_evictable_size()
+                size = self.tree_core.full_evictable_size()
+                self._whole = view.trims and need < size
                 if self._whole and isinstance(self.policy, RoundRobinTail):
-                    need = min(int(need * self.cut_ahead), self.tree_core.full_evictable_size())
+                    need = min(int(need * self.cut_ahead), size)
                 self._walk = self._start_walk(view, need)
                 victim = next(self._walk)
             elif self._walk is None:
