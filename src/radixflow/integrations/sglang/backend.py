@@ -15,6 +15,8 @@ SGLang's own `_split_node` (the node keeps the tail, which becomes the victim) a
 rr-tail's rotation and level-tail's depth order are kept across calls (`cache/eviction.py`
 `Rotation`, `DeepestFirst`), fed by `changes()` on every insert and at each call: nodes joining
 SGLang's evictable leaf set (`_LeafSet`), leaves trimmed or given a child, trajectory keys forgotten.
+flop-aware's order is kept the same way on FULL-only device trees (`GreedyDual`; `flop_order()`),
+elsewhere it ranks every leaf per call (`cache/eviction.FlopAware`).
 
 - Locks: a node with any component `lock_ref` (a running or in-flight request holds it) is not
   evictable in the view, and no cut passes it.
