@@ -97,10 +97,21 @@ def within(r: dict, base: dict) -> bool:
     return r["per_call"] <= 2 * base["per_call"] and r["total"] <= 3 * base["total"]
 
 
-def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False) -> None:
+def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, only: list[int] | None = None,
+          backends_only: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     cfgs = sweep_configs(small)
+    if only is not None:
+        bad = [i for i in only if not 0 <= i < len(cfgs)]
+        if bad:
+            raise ValueError(f"--configs: no config {bad} (the sweep has {len(cfgs)}, 0-{len(cfgs) - 1})")
+        cfgs = [cfgs[i] for i in only]
     backends = SG_SWEEP + tuple(r for r in sw.ORACLE_RULES if r not in SG_SWEEP) if with_oracle else SG_SWEEP
+    if backends_only:
+        unknown = [b for b in backends_only if b not in backends]
+        if unknown:
+            raise ValueError(f"--backends: unknown {unknown}; choose from {', '.join(backends)}")
+        backends = ("lru", *(b for b in backends if b in backends_only and b != "lru"))
     print(f"# sweep: {len(cfgs)} configs; lru = SGLang's lru on its default tree core (Rust here); lru@py: the "
           f"same on the Python core; loss = P99 missed > lru x 1.02 or hit tokens < lru x 0.99; times are CPU time; "
           f"cost bound: per call <= 2x lru, total <= 3x lru"
@@ -168,23 +179,23 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False) 
             if cfg["regime"] == "inside":
                 best.append((rule, gain))
     pairs = 0
-    if not small and not four_x:
+    if not small and not four_x and only is None:
         print("\n## per-call eviction time at a pool and at 4x that pool (4x the agents), CPU µs (× lru); "
               "each pair counts as one config of the cost bound (per call <= 2x and total <= 3x lru at both pools, "
               "per call at 4x <= 1.5x the backend's own at 1x)")
-        print("| config | pool | " + " | ".join(SG_SWEEP) + " |")
-        print("|---|---|" + "---|" * len(SG_SWEEP))
+        print("| config | pool | " + " | ".join(backends) + " |")
+        print("|---|---|" + "---|" * len(backends))
         for pair in cost_configs():
             per = []
             for cfg in pair:
-                res = run_config(cfg)
+                res = run_config(cfg, backends)
                 per.append(res)
                 base = res["lru"]
                 print(f"| {cfg['name']} page {cfg['page']} | {cfg['capacity']} | " + " | ".join(
                     f"{res[b]['per_call'] * 1e6:.0f} ({_x(res[b]['per_call'], base['per_call'])}; in all "
-                    f"{_x(res[b]['total'], base['total'])})" for b in SG_SWEEP) + " |")
+                    f"{_x(res[b]['total'], base['total'])})" for b in backends) + " |")
             print("| 4x / 1x per call | | " + " | ".join(_x(per[1][b]["per_call"], per[0][b]["per_call"])
-                                                     for b in SG_SWEEP) + " |", flush=True)
+                                                     for b in backends) + " |", flush=True)
             pairs += 1
             for b in others:
                 small_r, big_r = per[0][b], per[1][b]
@@ -210,11 +221,12 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False) 
         print(f"{b}: cost within bounds on {bounded[b]} of {k} configs (per call <= 2x, total <= 3x, 4x pool <= 1.5x)"
               f"{where}; worst per call {w[0]:.2f}x, total {w[1]:.2f}x"
               + (f", 4x / 1x per call {w[2]:.2f}" if pairs or four_x else ""))
-    inside = gains["radixflow-adaptive"]
-    if inside:
-        for b in others:
-            print(f"{b}: median P99 gain over the {len(inside)} configs inside n_a < m < n "
+    inside = gains.get("radixflow-adaptive", [])
+    for b in others:
+        if gains[b]:
+            print(f"{b}: median P99 gain over the {len(gains[b])} configs inside n_a < m < n "
                   f"{100 * statistics.median(gains[b]):.1f} % (losses counted as they are)")
+    if inside:
         print(f"radixflow-adaptive median P99 gain over the {len(inside)} configs inside n_a < m < n: "
               f"{100 * statistics.median(inside):.1f} %; P99 -2 % or better without a loss on "
               f"{sum(g >= 0.02 for g in inside)}")
@@ -246,11 +258,24 @@ def main() -> None:
     ap.add_argument("--oracle", action="store_true",
                     help="with --sweep: also the tail rule at 8 cold shares, and per config the best fixed rule "
                          "of 12 that does not lose to lru")
+    ap.add_argument("--configs", default=None,
+                    help="with --sweep: only these configs, by index (comma list, as sglang_eviction_cost.py; "
+                         "no 4x pairs then)")
+    ap.add_argument("--backends", default=None,
+                    help="with --sweep: only these backends (comma list; lru is always run, as the baseline)")
     args = ap.parse_args()
-    if (args.small or args.oracle or args.four_x) and not args.sweep:
-        ap.error("--small, --oracle and --four-x only go with --sweep")
+    if (args.small or args.oracle or args.four_x or args.configs or args.backends) and not args.sweep:
+        ap.error("--small, --oracle, --four-x, --configs and --backends only go with --sweep")
     if args.sweep:
-        sweep(small=args.small, with_oracle=args.oracle, four_x=args.four_x)
+        try:
+            only = None if args.configs is None else [int(x) for x in args.configs.split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--configs takes config indices, as 0,2,15; got {args.configs!r}")
+        picked = None if args.backends is None else [b.strip() for b in args.backends.split(",") if b.strip()]
+        try:
+            sweep(small=args.small, with_oracle=args.oracle, four_x=args.four_x, only=only, backends_only=picked)
+        except ValueError as e:
+            ap.error(str(e))
         return
     try:
         fixed_runs(args)

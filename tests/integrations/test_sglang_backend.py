@@ -29,6 +29,8 @@ def _chunk(monkeypatch):
     # our index cuts exactly what is asked, chunk by chunk: the backends' batched cuts off (tested below)
     monkeypatch.setenv("RADIXFLOW_SGLANG_CUTS_PER_CALL", "0")
     monkeypatch.setenv("RADIXFLOW_SGLANG_CUT_AHEAD", "1")
+    # flop-aware ranks every leaf per call, as our index does (its kept GreedyDual order: tested below)
+    monkeypatch.setenv("RADIXFLOW_SGLANG_FLOP_ORDER", "ranked")
 
 
 TREES = [pytest.param((FULL,), 4, id="full-ps4"), pytest.param((FULL, MAMBA), 1, id="mamba-ps1"),
@@ -128,7 +130,9 @@ def test_swa_tree_keeps_integrity_and_matchable_prefixes(backend):
     assert sg.evict_calls
 
 
-def test_flop_aware_frees_what_is_asked_and_keeps_integrity():
+@pytest.mark.parametrize("order", ["kept", "ranked"])
+def test_flop_aware_frees_what_is_asked_and_keeps_integrity(order, monkeypatch):
+    monkeypatch.setenv("RADIXFLOW_SGLANG_FLOP_ORDER", order)
     sg = twins.SGLangTwin("radixflow-flop-aware", 512, 4)
     ours = twins.IndexTwin("flop-aware", 512, 4)
     for _ in replay((sg, ours), 5, 4, check=lambda t: t.check()):
@@ -149,9 +153,11 @@ def _flop_aware_two_histories():
     return sg, a, b
 
 
-def test_flop_aware_recency_is_not_refreshed_by_a_match_alone():
+@pytest.mark.parametrize("order", ["kept", "ranked"])
+def test_flop_aware_recency_is_not_refreshed_by_a_match_alone(order, monkeypatch):
     """A match without a request (a scheduler probing its queue) is no access in our index; SGLang's
     own counter refreshes A, which would make B the victim."""
+    monkeypatch.setenv("RADIXFLOW_SGLANG_FLOP_ORDER", order)
     sg, a, b = _flop_aware_two_histories()
     assert sg.kept(a) == 64  # SGLang's tree match: bumps A's last_access_time
     sg.evict(64)
@@ -159,10 +165,12 @@ def test_flop_aware_recency_is_not_refreshed_by_a_match_alone():
     sg.check()
 
 
-def test_flop_aware_split_keeps_the_suffix_recency():
+@pytest.mark.parametrize("order", ["kept", "ranked"])
+def test_flop_aware_split_keeps_the_suffix_recency(order, monkeypatch):
     """A request takes half of A (SGLang splits A; the prefix is stamped by the lock and the insert):
     the suffix keeps A's insert time, older than B, and goes first. SGLang's `_split_node` restamps
     the suffix with a fresh counter, which would make B the victim."""
+    monkeypatch.setenv("RADIXFLOW_SGLANG_FLOP_ORDER", order)
     sg, a, b = _flop_aware_two_histories()
     st = sg.start(a[:32], 0)
     assert st["hit"] == 32
@@ -230,3 +238,29 @@ def test_batching_knobs_refuse_bad_values(monkeypatch):
     monkeypatch.setenv("RADIXFLOW_SGLANG_CUT_AHEAD", "0.5")
     with pytest.raises(ValueError, match="RADIXFLOW_SGLANG_CUT_AHEAD"):
         cut_ahead_factor()
+    from radixflow.integrations.sglang.backend import flop_order
+
+    monkeypatch.setenv("RADIXFLOW_SGLANG_FLOP_ORDER", "heap")
+    with pytest.raises(ValueError, match="RADIXFLOW_SGLANG_FLOP_ORDER"):
+        flop_order()
+
+
+def test_flop_aware_kept_order_weighs_flops_per_byte_against_recency(monkeypatch):
+    """GreedyDual: with attention FLOPs per token pair, a deep history saves more per byte than a
+    shallow one. At recency weight 0.5 the older deep history outlives a newer shallow one; at 1
+    (recency alone) the older goes first."""
+    from radixflow.cache.eviction import ReuseCosts
+
+    monkeypatch.setenv("RADIXFLOW_SGLANG_FLOP_ORDER", "kept")
+    kept = {}
+    for w in ("0.5", "1"):
+        with mock.patch.dict("os.environ", {"RADIXFLOW_SGLANG_RECENCY_WEIGHT": w}):
+            sg = twins.SGLangTwin("radixflow-flop-aware", 4096, 4)
+        sg.cache.components[FULL].policy.costs = ReuseCosts(flops_per_pair=1.0)
+        deep, shallow = list(range(1, 1025)), list(range(5001, 5033))
+        _put(sg.cache, sg.alloc, deep)
+        _put(sg.cache, sg.alloc, shallow)
+        sg.evict(16)
+        kept[w] = (sg.kept(deep), sg.kept(shallow))
+        sg.check()
+    assert kept == {"0.5": (1024, 0), "1": (0, 32)}

@@ -8,7 +8,10 @@ kept through it; rr-tail's and level-tail's on FULL-only trees moved once, on pu
 calls were batched (issue #30: an evict call frees 1.5x its demand in about two cuts, backend.py
 `cuts_per_call`, `cut_ahead_factor`); their Mamba traces and flop-aware's did not move. The unbatched
 walk is still our index's, call for call (test_sglang_backend.py, batching off). A change that moves
-a digest must say why in its commit. SGLang venv (scripts/test.sh)."""
+a digest must say why in its commit. flop-aware's on FULL-only trees moved once, on purpose, when its
+order was kept across calls (a GreedyDual heap, backend.py `GreedyDual`; issue #30: a call no longer
+ranks every leaf): its whole-ranking walk, still our index's, keeps the digests it had
+(`RADIXFLOW_SGLANG_FLOP_ORDER=ranked`, `PINNED_RANKED`). SGLang venv (scripts/test.sh)."""
 
 from __future__ import annotations
 
@@ -102,12 +105,12 @@ PINNED = {
     ("radixflow-level-tail", "mamba-ps1", 0): ("1a8dc426dcdaf8df", 30),
     ("radixflow-level-tail", "mamba-ps1", 1): ("6d16469df50ba6e0", 23),
     ("radixflow-level-tail", "mamba-ps1", 2): ("d414f343e416b65f", 17),
-    ("radixflow-flop-aware", "full-ps4", 0): ("434ab049ac19ae7b", 35),
-    ("radixflow-flop-aware", "full-ps4", 1): ("89f6250c53107545", 32),
-    ("radixflow-flop-aware", "full-ps4", 2): ("e30b69f27cceafdf", 25),
-    ("radixflow-flop-aware", "full-ps1", 0): ("a112e3ab8386c94d", 35),
-    ("radixflow-flop-aware", "full-ps1", 1): ("875b072d9b673bde", 32),
-    ("radixflow-flop-aware", "full-ps1", 2): ("728cfba60935869b", 25),
+    ("radixflow-flop-aware", "full-ps4", 0): ("5b9b6d44c0c329a7", 33),
+    ("radixflow-flop-aware", "full-ps4", 1): ("6ed4794efa82ce69", 32),
+    ("radixflow-flop-aware", "full-ps4", 2): ("69fbf38eabbf8ff3", 18),
+    ("radixflow-flop-aware", "full-ps1", 0): ("13b3581ffaad974b", 33),
+    ("radixflow-flop-aware", "full-ps1", 1): ("e80f9bc9bc10a6d8", 32),
+    ("radixflow-flop-aware", "full-ps1", 2): ("74e928d24f005d16", 18),
     ("radixflow-flop-aware", "mamba-ps1", 0): ("99949d9b4f8c6849", 31),
     ("radixflow-flop-aware", "mamba-ps1", 1): ("32d576d56fe64532", 27),
     ("radixflow-flop-aware", "mamba-ps1", 2): ("b8e0b97a47eefda6", 22),
@@ -117,6 +120,20 @@ PINNED_SWEEP = {
     ("radixflow-rr-tail", 1): ("b235daa78349cdaf", 57),
     ("radixflow-level-tail", 16): ("489a3b989025ff07", 63),
     ("radixflow-level-tail", 1): ("5c57a39721901e97", 69),
+    ("radixflow-flop-aware", 16): ("24f684c423ad62cc", 18),
+    ("radixflow-flop-aware", 1): ("b00221e376320d7f", 19),
+}
+
+
+# flop-aware's whole-ranking walk (our index's; RADIXFLOW_SGLANG_FLOP_ORDER=ranked): its digests before its
+# order was kept, unchanged.
+PINNED_RANKED = {
+    ("radixflow-flop-aware", "full-ps4", 0): ("434ab049ac19ae7b", 35),
+    ("radixflow-flop-aware", "full-ps4", 1): ("89f6250c53107545", 32),
+    ("radixflow-flop-aware", "full-ps4", 2): ("e30b69f27cceafdf", 25),
+    ("radixflow-flop-aware", "full-ps1", 0): ("a112e3ab8386c94d", 35),
+    ("radixflow-flop-aware", "full-ps1", 1): ("875b072d9b673bde", 32),
+    ("radixflow-flop-aware", "full-ps1", 2): ("728cfba60935869b", 25),
     ("radixflow-flop-aware", 16): ("d54d93646340a4ff", 26),
     ("radixflow-flop-aware", 1): ("1cd18face323f475", 24),
 }
@@ -144,6 +161,19 @@ def test_agentic_decisions_are_pinned(backend, page, monkeypatch):
     got = sweep_digest(backend, page)
     assert got[1] > 3
     assert got == PINNED_SWEEP[(backend, page)]
+
+
+@pytest.mark.parametrize("case", list(PINNED_RANKED))
+def test_flop_aware_ranked_walk_keeps_its_digests(case, monkeypatch):
+    """`RADIXFLOW_SGLANG_FLOP_ORDER=ranked`: every leaf ranked per call (our index's walk), the
+    decisions pinned before the kept order came."""
+    monkeypatch.setenv("RADIXFLOW_SGLANG_FLOP_ORDER", "ranked")
+    if len(case) == 3:
+        got = trace_digest(case[0], *TRACES[case[1]], case[2])
+    else:
+        monkeypatch.setenv("RADIXFLOW_SGLANG_CHUNK_TOKENS", "64")
+        got = sweep_digest(*case)
+    assert got == PINNED_RANKED[case]
 
 
 if __name__ == "__main__":  # prints the table to pin (run before a change, never to paper over one)
@@ -234,6 +264,74 @@ def test_kept_orders_equal_whole_tree_walks_and_cuts_keep_integrity(ops, page, b
     assert sg.cache.evictable_size() == 0
 
 
+def _whole_tree_greedy_order(comp, view):
+    """What flop-aware's kept order must give now, from every evictable leaf computed afresh: (value
+    > 0, level at its last access + k * FLOPs per byte, last access, leaf order), lowest first."""
+    greedy = comp._greedy
+    keyed = []
+    for leaf in view.leaves():
+        if not view.evictable(leaf):
+            continue
+        comp._values.pop(leaf.id, None)  # recomputed, not read from the memo
+        eff = comp._efficiency(leaf)
+        acc = view.last_access(leaf)
+        keyed.append(((eff > 0, greedy.priority(acc, eff), acc, view.leaf_order(leaf)), leaf))
+    keyed.sort(key=lambda t: t[0])
+    return [leaf for _, leaf in keyed]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS, page=st.sampled_from([1, 4]), weight=st.sampled_from(["0.5", "0.25", "1", "0"]),
+       per_pair=st.sampled_from([0.0, 0.01]))
+def test_flop_aware_kept_order_equals_a_whole_tree_ranking_and_keeps_integrity(ops, page, weight, per_pair):
+    """flop-aware's GreedyDual heap, fed only by the backend's change feed, gives after every step
+    (the random requests above, splits of shared nodes included) the order of every evictable leaf
+    by its priority computed afresh; a victim raises the level; SGLang's sanity check holds. With
+    attention FLOPs per token pair (deep tokens cost more) a leaf's FLOPs per byte moves when a split
+    shortens it: the feed must re-enter it."""
+    import os
+
+    from radixflow.cache.eviction import ReuseCosts
+
+    os.environ["RADIXFLOW_SGLANG_RECENCY_WEIGHT"] = weight
+    try:
+        sg = twins.SGLangTwin("radixflow-flop-aware", 96 * page, page)
+    finally:
+        del os.environ["RADIXFLOW_SGLANG_RECENCY_WEIGHT"]
+    comp = sg.cache.components[FULL]
+    comp.policy.costs = ReuseCosts(flops_per_pair=per_pair)
+    hist = {h: [7] * (2 * page) + [1000 * (h + 1) + i for i in range(page * (1 + h % 3))] for h in range(6)}
+    held = {}
+    levels = []
+    for op, h, n in ops:
+        if op == "grow" and h not in held:
+            toks = hist[h]
+            state = sg.start(toks[: len(toks) - page * (n % 2)], n * page)  # some take a prefix: a split
+            hist[h] = toks + [1000 * (h + 1) + len(toks) + i for i in range(n * page)]
+            sg.finish(state, hist[h])
+        elif op == "hold" and h not in held and len(held) < 2:
+            held[h] = sg.start(hist[h], page)
+        elif op == "release" and held:
+            k = sorted(held)[h % len(held)]
+            sg.finish(held.pop(k), hist[k])
+        elif op == "evict":
+            sg.evict(n * page)
+        sg.check()
+        view = SGLangTreeView(comp, depths=comp._depths, keys=comp._keys, values=comp._values)
+        greedy = comp._greedy_order()
+        greedy.enter(view, view.changes(), comp._efficiency)
+        assert greedy.order(view) == _whole_tree_greedy_order(comp, view)
+        levels.append(greedy.level)
+    assert levels == sorted(levels)
+    if comp.victims and weight not in ("0", "1"):  # w = 1: recency alone (every priority 0); w = 0: no level
+        assert comp._greedy.level > 0
+    for k, state in held.items():
+        sg.finish(state, hist[k])
+    sg.evict(10**6)
+    sg.check()
+    assert sg.cache.evictable_size() == 0
+
+
 def test_a_cut_shortens_the_leaf_in_place():
     """FULL-only: a chunk cut from a lone 256-token history keeps its node (no split), with key and
     value cut to 240 tokens, the 16 slots back in the allocator and the ledger moved."""
@@ -311,3 +409,79 @@ def test_compaction_drops_superseded_entries_and_keeps_the_orders():
     deep.compact()
     assert len(rot.ahead) + len(rot.behind) == len(deep.heap) == 40
     assert rot.order(view) == lap and deep.deepest(view) == pick
+
+
+# ----------------------------------------------------------------------------- the adaptive's cold order
+def _ops_run(sg, ops, page) -> None:
+    """The random requests of the kept-order tests (grow, hold, release, evict) on one twin; some
+    requests take a prefix of their history (a split), and a release probes another history (a
+    match without a request: SGLang's counter moves on an idle leaf)."""
+    hist = {h: [7] * (2 * page) + [1000 * (h + 1) + i for i in range(page * (1 + h % 3))] for h in range(6)}
+    held = {}
+    for op, h, n in ops:
+        if op == "grow" and h not in held:
+            toks = hist[h]
+            state = sg.start(toks[: len(toks) - page * (n % 2)], n * page)
+            hist[h] = toks + [1000 * (h + 1) + len(toks) + i for i in range(n * page)]
+            sg.finish(state, hist[h])
+        elif op == "hold" and h not in held and len(held) < 2:
+            held[h] = sg.start(hist[h], page)
+        elif op == "release" and held:
+            k = sorted(held)[h % len(held)]
+            sg.finish(held.pop(k), hist[k])
+            sg.kept(hist[(k + n) % 6])
+        elif op == "evict":
+            sg.evict(n * page)
+        sg.check()
+    for k, state in held.items():
+        sg.finish(state, hist[k])
+    sg.evict(10**6)
+    sg.check()
+
+
+def _adaptive_records(order: str, q, run, monkeypatch) -> list:
+    from radixflow.integrations.sglang import adaptive
+
+    monkeypatch.setenv("RADIXFLOW_SGLANG_COLD_ORDER", order)
+    if q == "duel":
+        return run()
+    with adaptive.forced(q):
+        return run()
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(ops=OPS, page=st.sampled_from([1, 4]), q=st.sampled_from([0.125, 0.5, 0.75, 1.0, None]))
+def test_adaptive_kept_cold_order_cuts_what_the_sorted_walk_cuts(ops, page, q, monkeypatch):
+    """The tail rule on every call (cold share q) over the kept `ColdOrder` and over a sort of every
+    leaf per pass, and lru on every call (q None) over the kept lru heap and over a heap of every
+    leaf per call: the same evict calls, freeing the same tokens and leaving the same tree, through
+    random requests with locks held across steps; SGLang's sanity check after every step."""
+
+    def run():
+        sg = RecordingTwin("radixflow-adaptive", 96 * page, page)
+        _ops_run(sg, ops, page)
+        comp = sg.cache.components[FULL]
+        assert (comp.tail_calls if q is not None else comp.lru_calls) == len(sg.record)
+        return sg.record
+
+    kept, by_sort = (_adaptive_records(o, q, run, monkeypatch) for o in ("kept", "sorted"))
+    assert kept == by_sort
+
+
+@pytest.mark.parametrize("q", [0.125, 0.5, None, "duel"])
+@pytest.mark.parametrize("page", [16, 1])
+def test_adaptive_kept_cold_order_on_the_agentic_config(q, page, monkeypatch):
+    """The sweep's agentic shape (smaller), the tail rule forced at q, lru forced (None) or the duel's
+    choice: the kept orders' evict calls are the sorted walks', call for call."""
+    monkeypatch.setenv("RADIXFLOW_SGLANG_CHUNK_TOKENS", "64")
+    cfg = agentic_config(page)
+
+    def run():
+        sg = RecordingTwin("radixflow-adaptive", cfg["capacity"], cfg["page"], small_kv=True)
+        sweep.replay(sg, cfg["sessions"], 1.0)
+        return sg.record, sg.cache.components[FULL].tail_calls
+
+    kept, by_sort = (_adaptive_records(o, q, run, monkeypatch) for o in ("kept", "sorted"))
+    assert len(kept[0]) > 3 and (q in (None, "duel") or kept[1] == len(kept[0]))
+    assert kept == by_sort

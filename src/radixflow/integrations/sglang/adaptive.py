@@ -21,8 +21,10 @@ Imports SGLang (through backend.py).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import heapq
+import os
 from collections import deque
 
 from sglang.srt.mem_cache.evict_policy import LRUStrategy
@@ -280,6 +282,133 @@ class FixedRule(DuelRule):
         return self.q
 
 
+def cold_order() -> str:
+    """RADIXFLOW_SGLANG_COLD_ORDER: `kept` (default; FULL-only device trees: the tail rule's cold
+    leaves kept across calls, `ColdOrder`) or `sorted` (every evictable leaf sorted by recency per
+    pass, the walk it replaces; the same decisions)."""
+    raw = os.environ.get("RADIXFLOW_SGLANG_COLD_ORDER", "kept")
+    if raw not in ("kept", "sorted"):
+        raise ValueError(f"RADIXFLOW_SGLANG_COLD_ORDER must be kept or sorted, got {raw!r}")
+    return raw
+
+
+class ColdOrder:
+    """The tail rule's cold leaves kept across calls: every evictable leaf's recency key (our stamp,
+    then leaf order) in a sorted list, the `q` share with the lowest keys (`cold`, the same count as
+    `leaves[: max(1, int(len(leaves) * q + 0.999))]`) in a heap by (-depth, recency), so that a pass
+    takes its deepest cold leaves in the order a sort of the cold share by depth gives (stable:
+    the least recent first among equal depths) without sorting it. Fed by the component's change
+    feed (leaves joining and leaving SGLang's set, trims, re-stamps): a change costs O(log L) plus
+    the leaves it moves across the cold boundary; a pass O(t log L) for the t leaves it takes."""
+
+    __slots__ = ("rec", "node_at", "key_of", "q", "bound", "cold", "heap", "_uid")
+
+    def __init__(self) -> None:
+        self.rec: list[tuple] = []  # (stamp, leaf order) of every evictable leaf, sorted
+        self.node_at: dict[tuple, object] = {}
+        self.key_of: dict = {}  # leaf -> its key in `rec`
+        self.q: float | None = None
+        self.bound: tuple | None = None  # the key of the coldest share's warmest leaf
+        self.cold: dict = {}  # cold leaf -> its live heap entry
+        self.heap: list = []
+        self._uid = 0
+
+    def reset(self) -> None:
+        self.__init__()
+
+    def count(self) -> int:
+        n = len(self.rec)
+        return max(1, int(n * self.q + 0.999)) if n else 0
+
+    def update(self, view, nodes, members, seq) -> None:
+        """Re-keys `nodes` (present in `members`, SGLang's evictable set: entered at their key; else
+        taken out), then moves the cold boundary."""
+        rec, node_at, key_of = self.rec, self.node_at, self.key_of
+        for n in nodes:
+            old = key_of.pop(n, None)
+            if old is not None:
+                del rec[bisect.bisect_left(rec, old)]
+                del node_at[old]
+            if n in members:
+                md = n.component_data[FULL].metadata
+                order = md.get(LEAF)
+                if order is None:
+                    order = md[LEAF] = seq()
+                key = (md.get(ACCESS, 0), order)
+                bisect.insort(rec, key)
+                node_at[key] = n
+                key_of[n] = key
+        if self.q is not None:
+            self._move_bound(view, nodes)
+
+    def set_share(self, view, q: float) -> None:
+        if q == self.q:
+            return
+        self.q, self.bound, self.cold, self.heap = q, None, {}, []
+        self._move_bound(view, ())
+
+    def _move_bound(self, view, changed) -> None:
+        rec, node_at = self.rec, self.node_at
+        k = self.count()
+        new = rec[k - 1] if k else None
+        old = self.bound
+        if new is None:
+            self.cold, self.heap = {}, []
+        elif old is None:
+            for key in rec[:k]:
+                self._join(view, node_at[key])
+        elif new > old:
+            for key in rec[bisect.bisect_right(rec, old):k]:
+                self._join(view, node_at[key])
+        elif new < old:
+            for key in rec[k:bisect.bisect_right(rec, old)]:
+                self.cold.pop(node_at[key], None)
+        self.bound = new
+        key_of = self.key_of
+        for n in changed:
+            key = key_of.get(n)
+            if key is not None and key <= new:
+                self._join(view, n)
+            else:
+                self.cold.pop(n, None)
+
+    def _join(self, view, n) -> None:
+        self._uid += 1
+        key = self.key_of[n]
+        e = (-view.depth(n), key[0], key[1], self._uid, n)
+        self.cold[n] = e
+        heapq.heappush(self.heap, e)
+
+    def take(self, taken: list):
+        """The next live cold entry in (-depth, recency) order, off the heap into `taken`; None at
+        the end."""
+        heap, cold = self.heap, self.cold
+        while heap:
+            e = heapq.heappop(heap)
+            if cold.get(e[4]) is e:
+                taken.append(e)
+                return e
+        return None
+
+    def give_back(self, taken: list) -> None:
+        cold, heap = self.cold, self.heap
+        for e in taken:
+            if cold.get(e[4]) is e:
+                heapq.heappush(heap, e)
+        taken.clear()
+
+    def compact(self) -> None:
+        live = self.cold
+        if len(self.heap) > 3 * len(live) // 2 + 32:
+            self.heap[:] = [e for e in self.heap if live.get(e[4]) is e]
+            heapq.heapify(self.heap)
+
+    def order(self) -> list:
+        """The cold leaves in the order a pass takes them (tests)."""
+        live = self.cold
+        return [e[4] for e in sorted(self.heap) if live.get(e[4]) is e]
+
+
 _FORCED: list = []  # cold shares (None: lru) that caches built now hold on every call; the last counts
 
 
@@ -299,6 +428,7 @@ class DuelFullComponent(RadixflowFullComponent):
 
     policy_kind = "adaptive"
     SHARED_EVERY = 32  # inserts between two measures of the shared prefix tokens
+    leaves_gone_feed = True  # `ColdOrder` counts SGLang's evictable set exactly
 
     def __init__(self, cache, params) -> None:
         super().__init__(cache, params)
@@ -311,6 +441,11 @@ class DuelFullComponent(RadixflowFullComponent):
         self._inserts = 0
         self._shared = 0
         self._matched: dict[int, tuple] = {}  # node id -> trajectory key of the last match ending there
+        self._cold_kept = cold_order() == "kept"
+        self._cold = ColdOrder()
+        # the lru calls' heap kept across calls (`kept_lru_walk`): (last_access_time, leaf) entries
+        self._lru_heap: list = []
+        self._lru_live: dict = {}
 
     # --------------------------------------------------------------- evidence
     def finalize_match_result_in_cache(self, params, result):
@@ -459,8 +594,48 @@ class DuelFullComponent(RadixflowFullComponent):
 
     def _start_walk(self, view, need: int):
         if self.q is None:
+            if self._cold_kept and view.trims and self._plain_lru():
+                return self.kept_lru_walk(need)
             return self.lru_walk(need)
         return self.cold_level_walk(view, need, self.q)
+
+    def kept_lru_walk(self, need: int):
+        """`lru_walk` over a heap kept across calls: every evictable leaf has an entry keyed by its
+        `last_access_time` when it entered (the feed: joined SGLang's set). SGLang's counter only
+        grows (a match, an insert walk or a split restamps a node with a fresh count), so an entry's
+        key is at most the leaf's time now: one popped with an old key goes back with the new one,
+        and the first popped whose key is its time is the least recent leaf, as the walk's fresh
+        heap gives it. A victim's parent enters from the feed before the next pop (SGLang's walk
+        pushes it). A call costs O((changes + victims + restamped) log L), not a heap of every leaf."""
+        heap, live = self._lru_heap, self._lru_live
+        members = self.tree_core.evictable_device_leaves
+        pop, push = heapq.heappop, heapq.heappush
+        freed = 0
+        while freed < need:
+            self._sync_cold()
+            while heap:
+                e = pop(heap)
+                x = e[1]
+                if live.get(x) is not e:
+                    continue
+                if x not in members:
+                    del live[x]
+                    continue
+                t = x.last_access_time
+                if e[0] != t:
+                    e = live[x] = (t, x)
+                    push(heap, e)
+                    continue
+                break
+            else:
+                return
+            del live[x]
+            freed += yield x
+
+    def _plain_lru(self) -> bool:
+        """SGLang's FULL priority is its lru's (the node's counter), not a session-aware one."""
+        self._ensure_eviction_strategy()
+        return getattr(self.session_ref_eviction_strategy, "__func__", None) is LRUStrategy.get_priority
 
     def lru_walk(self, need: int):
         """SGLang's own lru walk (`FullComponent._evict_device_*`), victim for victim: a heap of
@@ -488,12 +663,46 @@ class DuelFullComponent(RadixflowFullComponent):
             if parent is not None and parent in core.evictable_device_leaves:
                 push(heap, (parent.last_access_time if plain else prio(parent), parent))
 
+    # --------------------------------------------------------------- the kept cold order
+    def _orders_reset(self) -> None:
+        self._cold.reset()
+        self._lru_heap, self._lru_live = [], {}
+
+    def _enter_changes(self) -> None:
+        """On every insert (the request path): what changed enters the cold order now, so a tail
+        call only enters what changed since the last request."""
+        if self._walk is None and self._cold_kept and self._one_step():
+            self._sync_cold()
+
+    def _sync_cold(self) -> None:
+        view = self._kept_view()
+        changes = view.changes()  # every evictable leaf after a reset (`_orders_reset` ran first)
+        members = self.tree_core.evictable_device_leaves
+        self._cold.update(view, changes, members, self.next_leaf_seq)
+        self._cold.compact()
+        heap, live = self._lru_heap, self._lru_live
+        for n in changes:
+            if n in members:
+                e = (n.last_access_time, n)
+                live[n] = e
+                heapq.heappush(heap, e)
+            else:
+                live.pop(n, None)
+        if len(heap) > 3 * len(live) // 2 + 32:
+            heap[:] = [e for e in heap if live.get(e[1]) is e]
+            heapq.heapify(heap)
+
     def cold_level_walk(self, view, need: int, q: float):
         """The tail rule: the `q` least recently used evictable leaves (our stamps; ties: the order
         they became leaves), cut from the deepest down to one level (a multiple of the page, and of
         `LEVEL_STEP` tokens where pages are smaller) until `need` tokens are freed; again over the
-        leaves left if one level did not free enough."""
-        unit, depth = max(view.unit, -(-LEVEL_STEP // view.unit) * view.unit), view.depth
+        leaves left if one level did not free enough. On FULL-only device trees over the kept
+        `ColdOrder` (`kept_cold_level_walk`), elsewhere by sorting the leaves per pass."""
+        unit = max(view.unit, -(-LEVEL_STEP // view.unit) * view.unit)
+        if self._cold_kept and view.trims:
+            yield from self.kept_cold_level_walk(view, need, q, unit)
+            return
+        depth = view.depth
         freed = 0
         while freed < need:
             leaves = self._by_recency()
@@ -517,6 +726,59 @@ class DuelFullComponent(RadixflowFullComponent):
                     return
             if not progressed:
                 return
+
+    def kept_cold_level_walk(self, view, need: int, q: float, unit: int):
+        """`cold_level_walk` over the kept `ColdOrder`, the same victims: per pass the cold share
+        as of the pass's start, taken deepest first only as far as the water level and the cuts
+        reach (what a pass changes enters at the next one, as the sorted walk re-sorts then)."""
+        order, depth = self._cold, view.depth
+        freed = 0
+        taken: list = []
+        while freed < need:
+            self._sync_cold()
+            order.set_share(view, q)
+            if not order.rec:
+                return
+            try:
+                want = need - freed
+                level = i = total = 0
+                cur = order.take(taken)
+                while cur is not None:  # `water_level` over the depths as they are taken
+                    total -= cur[0]
+                    nxt_e = order.take(taken)
+                    nxt = -nxt_e[0] if nxt_e is not None else 0
+                    lv = (total - want) // (i + 1)
+                    if lv >= nxt:
+                        level = max(0, lv // unit * unit)
+                        break
+                    i += 1
+                    cur = nxt_e
+                progressed = False
+                j = 0
+                while True:
+                    if j < len(taken):
+                        e = taken[j]
+                    else:
+                        e = order.take(taken)
+                        if e is None:
+                            break
+                    j += 1
+                    leaf = e[4]
+                    if depth(leaf) <= level:
+                        break
+                    if not view.is_leaf(leaf) or not view.evictable(leaf):
+                        continue
+                    got = 0
+                    for victim in cut_to(view, leaf, level):
+                        got += yield victim
+                    freed += got
+                    progressed |= got > 0
+                    if freed >= need:
+                        return
+                if not progressed:
+                    return
+            finally:
+                order.give_back(taken)
 
     def _by_recency(self) -> list:
         keyed = []

@@ -15,6 +15,8 @@ SGLang's own `_split_node` (the node keeps the tail, which becomes the victim) a
 rr-tail's rotation and level-tail's depth order are kept across calls (`cache/eviction.py`
 `Rotation`, `DeepestFirst`), fed by `changes()` on every insert and at each call: nodes joining
 SGLang's evictable leaf set (`_LeafSet`), leaves trimmed or given a child, trajectory keys forgotten.
+flop-aware's order is kept the same way on FULL-only device trees (`GreedyDual`; `flop_order()`),
+elsewhere it ranks every leaf per call (`cache/eviction.FlopAware`).
 
 - Locks: a node with any component `lock_ref` (a running or in-flight request holds it) is not
   evictable in the view, and no cut passes it.
@@ -37,6 +39,8 @@ SGLang's evictable leaf set (`_LeafSet`), leaves trimmed or given a child, traje
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import os
 from types import SimpleNamespace
 
@@ -72,6 +76,16 @@ def make_policy(kind: str, page_size: int):
         raise ValueError("RADIXFLOW_SGLANG_CHUNK_TOKENS must be a number of tokens") from None
     pages = max(1, chunk // page_size)
     return (LevelTail if kind == "level-tail" else RoundRobinTail)(chunk_pages=pages)
+
+
+def flop_order() -> str:
+    """RADIXFLOW_SGLANG_FLOP_ORDER: `kept` (default; FULL-only device trees: flop-aware's order kept
+    across calls as a GreedyDual heap, `GreedyDual`) or `ranked` (every leaf ranked per call, our
+    `RadixIndex`'s walk, `cache/eviction.FlopAware`; Mamba and SWA trees always rank)."""
+    raw = os.environ.get("RADIXFLOW_SGLANG_FLOP_ORDER", "kept")
+    if raw not in ("kept", "ranked"):
+        raise ValueError(f"RADIXFLOW_SGLANG_FLOP_ORDER must be kept or ranked, got {raw!r}")
+    return raw
 
 
 def cut_ahead_factor() -> float:
@@ -265,8 +279,8 @@ def _first(pair):
 
 class _LeafSet(set):
     """SGLang's `evictable_device_leaves`, noting every node that joins it (`fresh`): the feed of
-    the kept orders. SGLang adds to the set in one place (`_update_evictable_leaf_sets`) and
-    replaces it only on `reset`."""
+    the kept orders. SGLang adds to and discards from the set in one place
+    (`_update_evictable_leaf_sets`; our `_drop_leaf` discards too) and replaces it only on `reset`."""
 
     __slots__ = ("fresh",)
 
@@ -276,11 +290,115 @@ class _LeafSet(set):
         set.add(self, node)
 
 
+class _LeafSetWithDepartures(_LeafSet):
+    """`_LeafSet` noting every node that leaves the set too: for an order that counts the set's
+    members exactly (the adaptive's cold share); the others' sets keep C's `discard`."""
+
+    __slots__ = ()
+
+    def discard(self, node) -> None:
+        if node in self:
+            self.fresh[node] = None
+        set.discard(self, node)
+
+
+class GreedyDual:
+    """flop-aware's order kept across calls (FULL-only device trees): GreedyDual-Size with
+    frequency-free values (Cao & Irani), a heap keyed by one number per leaf, so a call costs
+    O((changes + victims) log L), not a ranking of every leaf.
+
+    A leaf's priority is H = level(at its last access) + k * efficiency, with efficiency its
+    prefill FLOPs per byte (`FlopAware`'s value of a full-attention leaf) and k = (1 - w) / w for
+    the recency weight w (w = 1: recency alone; w = 0: efficiency alone). The lowest H goes first
+    (worthless leaves before all; ties: the least recent, then leaf order); the `level` rises to
+    each victim's H, so a leaf not accessed for a while falls below newer ones by how much it
+    saves: recency and FLOPs per byte blended in one key that never moves while the leaf is
+    idle. The level in force at an access is looked up from its history (one entry per evict
+    call that raised it), so a parent a deletion exposes keeps the priority of its last access.
+    Entries are entered from the component's change feed (joined the evictable set, split,
+    re-stamped) and checked when popped (superseded, locked, no longer a leaf: skipped)."""
+
+    __slots__ = ("heap", "entry", "level", "clocks", "levels", "k", "_uid")
+
+    def __init__(self, recency_weight: float) -> None:
+        self.heap: list = []
+        self.entry: dict = {}  # leaf -> its live entry
+        self.level = 0.0
+        self.clocks: list[int] = []  # the access clock at which the level rose to `levels[i]`
+        self.levels: list[float] = []
+        self.k = (1 - recency_weight) / recency_weight if recency_weight > 0 else None
+        self._uid = 0
+
+    def level_at(self, access: int) -> float:
+        """The level in force when an access stamped `access` happened."""
+        i = bisect.bisect_left(self.clocks, access) - 1
+        return self.levels[i] if i >= 0 else 0.0
+
+    def priority(self, access: int, eff: float) -> float:
+        return eff if self.k is None else self.level_at(access) + self.k * eff
+
+    def enter(self, view, leaves, eff) -> None:
+        core_leaves = view.core.evictable_device_leaves
+        for leaf in leaves:
+            if leaf in core_leaves and view.is_leaf(leaf) and view.evictable(leaf):
+                acc = view.last_access(leaf)
+                e_ = eff(leaf)
+                self._uid += 1
+                e = (e_ > 0, self.priority(acc, e_), acc, view.leaf_order(leaf), self._uid, leaf)
+                self.entry[leaf] = e
+                heapq.heappush(self.heap, e)
+            else:
+                self.entry.pop(leaf, None)
+
+    def pop(self, view):
+        """The live entry of least priority, off the heap (None: no evictable leaf)."""
+        heap, entry = self.heap, self.entry
+        core_leaves = view.core.evictable_device_leaves
+        while heap:
+            e = heapq.heappop(heap)
+            leaf = e[5]
+            if entry.get(leaf) is not e:
+                continue
+            del entry[leaf]
+            if leaf in core_leaves and view.is_leaf(leaf) and view.evictable(leaf):
+                return e
+        return None
+
+    def raise_level(self, h: float, clock: int) -> None:
+        if h <= self.level:
+            return
+        self.level = h
+        if self.clocks and self.clocks[-1] == clock:
+            self.levels[-1] = h
+        else:
+            self.clocks.append(clock)
+            self.levels.append(h)
+
+    def clear(self) -> None:
+        """Drops the entries (the feed re-enters every leaf), keeps the level's history."""
+        self.heap = []
+        self.entry = {}
+
+    def compact(self) -> None:
+        live = self.entry
+        if len(self.heap) > 3 * len(live) // 2 + 32:
+            self.heap[:] = [e for e in self.heap if live.get(e[5]) is e]
+            heapq.heapify(self.heap)
+
+    def order(self, view) -> list:
+        """The leaves in the order the walk would take them now, less what it would skip (tests)."""
+        live = self.entry
+        core_leaves = view.core.evictable_device_leaves
+        return [e[5] for e in sorted(self.heap) if live.get(e[5]) is e and e[5] in core_leaves
+                and view.is_leaf(e[5]) and view.evictable(e[5])]
+
+
 class RadixflowFullComponent(FullComponent):
     """SGLang's FULL component with the victim choice of a radixflow policy (`policy_kind`), and the
     recency and leaf order that policy reads, kept as our `RadixIndex` keeps them."""
 
     policy_kind = "rr-tail"
+    leaves_gone_feed = False  # the feed reports leaves leaving SGLang's set too (`_LeafSetWithDepartures`)
 
     def __init__(self, cache, params) -> None:
         super().__init__(cache, params)
@@ -300,17 +418,24 @@ class RadixflowFullComponent(FullComponent):
         self._whole = False  # this call runs in one step
         self.cut_ahead = cut_ahead_factor()
         self.cuts = cuts_per_call()
+        # flop-aware's order kept across calls (`GreedyDual`; FULL-only device trees, `trims`)
+        self._flop_kept = isinstance(self.policy, FlopAware) and flop_order() == "kept"
+        self._greedy: GreedyDual | None = None
 
     # --------------------------------------------------------------- the kept orders' feed
     def drain_changes(self) -> list:
         leaves = self.tree_core.evictable_device_leaves
-        if type(leaves) is not _LeafSet:  # first use, or SGLang's reset made a new set
-            wrapped = _LeafSet(leaves)
+        kind = _LeafSetWithDepartures if self.leaves_gone_feed else _LeafSet
+        if type(leaves) is not kind:  # first use, or SGLang's reset made a new set
+            wrapped = kind(leaves)
             wrapped.fresh = {}
             self.tree_core.evictable_device_leaves = wrapped
+            self._orders_reset()
             for order in ("_rotation", "_deepest"):  # the kept orders start afresh (the cursor stays)
                 if hasattr(self.policy, order):
                     setattr(self.policy, order, None)
+            if self._greedy is not None:
+                self._greedy.clear()  # every leaf is entered again (the level's history stays)
             self._changed.clear()
             return sorted(wrapped, key=self._view_order)
         out = list(leaves.fresh)
@@ -319,6 +444,10 @@ class RadixflowFullComponent(FullComponent):
             out += self._changed
             self._changed.clear()
         return out
+
+    def _orders_reset(self) -> None:
+        """The feed starts afresh (its next drain is every evictable leaf): orders kept by a
+        subclass drop what they hold."""
 
     @staticmethod
     def _view_order(node):
@@ -354,6 +483,8 @@ class RadixflowFullComponent(FullComponent):
                 self._children_changed(parent, len(parent.children), node, added=True)
                 self._changed[parent] = None  # leaves the kept orders now, not when a walk meets it
         self._stamp_path(node)  # our `insert(..., now)` then `touch(node, now)`
+        if (self._flop_kept or self.leaves_gone_feed) and not is_new_leaf:
+            self._changed[node] = None  # a leaf re-stamped in the evictable set moves in the kept order
         self._bound_feed()
         self._enter_changes()
 
@@ -363,12 +494,17 @@ class RadixflowFullComponent(FullComponent):
         orders: the feed reports every change after a drain, and a lap's own changes still enter when
         it closes (no walk runs here)."""
         pol = self.policy
-        if self._walk is not None or not isinstance(pol, RoundRobinTail):
+        if self._walk is not None or not (self._flop_kept or isinstance(pol, RoundRobinTail)):
             return
         view = self._kept_view()
         if not view.trims:
             return  # the orders are fed at evict time only where calls run in one step
         changes = view.changes()
+        if self._flop_kept:
+            greedy = self._greedy_order()
+            greedy.enter(view, changes, self._efficiency)
+            greedy.compact()
+            return
         if isinstance(pol, LevelTail):
             if pol._deepest is None:
                 pol._deepest = DeepestFirst()
@@ -393,7 +529,7 @@ class RadixflowFullComponent(FullComponent):
         afresh (the same orders: they are the whole walks' by construction)."""
         limit = 2 * len(self.tree_core._node_arena) + 64
         leaves = self.tree_core.evictable_device_leaves
-        wrapped = type(leaves) is _LeafSet
+        wrapped = isinstance(leaves, _LeafSet)
         if len(self._changed) > limit or (wrapped and len(leaves.fresh) > limit):
             self._changed.clear()
             if wrapped:
@@ -405,6 +541,8 @@ class RadixflowFullComponent(FullComponent):
         if stamp is not None:  # the prefix inherits the recency, the suffix keeps its own
             new_parent.component_data[FULL].metadata[ACCESS] = stamp
         self._forget_keys(new_parent)  # the chain through `child` may now start at a shorter key
+        if self._flop_kept:
+            self._changed[child] = None  # a shorter span: a new efficiency
 
     def discard_deleted_session_leaf(self, node) -> None:
         super().discard_deleted_session_leaf(node)
@@ -461,8 +599,47 @@ class RadixflowFullComponent(FullComponent):
         self._started = False
         self._sent = 0
 
+    def _greedy_order(self) -> GreedyDual:
+        if self._greedy is None:
+            self._greedy = GreedyDual(self.policy.recency_weight)
+        return self._greedy
+
+    def _efficiency(self, leaf) -> float:
+        """`FlopAware`'s value per byte of a full-attention leaf (the same floats as
+        `FlopAware._full_leaf_values`), memoised by node id with its key object (`value_memo`)."""
+        memo = self._values
+        m = memo.get(leaf.id)
+        if m is not None and m[0] is leaf.key:
+            return m[1]
+        view = self._kept_view()
+        c = self.policy.costs
+        end = view.depth(leaf)
+        start = view.start(leaf)
+        k = max(0, end - start)
+        pairs = k * start + k * (k + 1) / 2
+        held = view.num_pages(leaf) * c.page_bytes
+        eff = ((c.flops_per_token + c.recurrent_flops_per_token) * k + c.flops_per_pair * pairs) / max(held, 1e-9)
+        memo[leaf.id] = (leaf.key, eff)
+        return eff
+
+    def greedy_walk(self, view, need: int):
+        """flop-aware over its kept order (`GreedyDual`): the least priority first, whole leaves,
+        a victim's exposed parent entered before the next pick, the level raised to each victim's."""
+        greedy = self._greedy_order()
+        freed = 0
+        while freed < need:
+            greedy.enter(view, view.changes(), self._efficiency)
+            e = greedy.pop(view)
+            if e is None:
+                return
+            got = yield e[5]
+            greedy.raise_level(e[1], self._clock)
+            freed += got
+
     def _start_walk(self, view, need: int):
         pol = self.policy
+        if self._flop_kept and view.trims:
+            return self.greedy_walk(view, need)
         if self.cuts and self._whole and isinstance(pol, RoundRobinTail):  # a real demand: batched chunks
             pages = max(pol.chunk_pages, -(-need // (self.cuts * view.unit)))
             return pol.page_walk(view, need, pages)
@@ -486,9 +663,10 @@ class RadixflowFullComponent(FullComponent):
                 if len(self._values) > 4 * len(self.tree_core._node_arena) + 64:
                     self._values.clear()
                 view = self._view = self._kept_view()
-                self._whole = view.trims and need < self.tree_core.full_evictable_size()
+                size = self.tree_core.full_evictable_size()
+                self._whole = view.trims and need < size
                 if self._whole and isinstance(self.policy, RoundRobinTail):
-                    need = min(int(need * self.cut_ahead), self.tree_core.full_evictable_size())
+                    need = min(int(need * self.cut_ahead), size)
                 self._walk = self._start_walk(view, need)
                 victim = next(self._walk)
             elif self._walk is None:
