@@ -200,6 +200,45 @@ from radixflow.integrations.sglang.backend import SGLangTreeView  # noqa: E402
 OPS = st.lists(st.tuples(st.sampled_from(["grow", "grow", "hold", "release", "evict"]), st.integers(0, 5),
                          st.integers(1, 6)), min_size=16, max_size=40)
 
+def _ops_steps(sg, ops, page, split: bool = True, probe: bool = True, step=None) -> tuple[dict, dict]:
+    """The random requests of the kept-order tests (grow, hold, release, evict) on one twin, SGLang's
+    sanity check and then `step()` after each; returns (histories, requests still held). `split`: some
+    requests take a prefix of their history (a split); `probe`: a release probes another history (a
+    match without a request: SGLang's counter moves on an idle leaf)."""
+    hist = {h: [7] * (2 * page) + [1000 * (h + 1) + i for i in range(page * (1 + h % 3))] for h in range(6)}
+    held = {}
+    for op, h, n in ops:
+        if op == "grow" and h not in held:
+            toks = hist[h]
+            state = sg.start(toks[: len(toks) - page * (n % 2)] if split else toks, n * page)
+            hist[h] = toks + [1000 * (h + 1) + len(toks) + i for i in range(n * page)]
+            sg.finish(state, hist[h])
+        elif op == "hold" and h not in held and len(held) < 2:
+            held[h] = sg.start(hist[h], page)
+        elif op == "release" and held:
+            k = sorted(held)[h % len(held)]
+            sg.finish(held.pop(k), hist[k])
+            if probe:
+                sg.kept(hist[(k + n) % 6])
+        elif op == "evict":
+            sg.evict(n * page)
+        sg.check()
+        if step is not None:
+            step()
+    return hist, held
+
+
+def _ops_end(sg, hist: dict, held: dict) -> None:
+    """Finishes the held requests and evicts everything; SGLang's sanity check holds after."""
+    for k, state in held.items():
+        sg.finish(state, hist[k])
+    sg.evict(10**6)
+    sg.check()
+
+
+def _ops_run(sg, ops, page) -> None:
+    _ops_end(sg, *_ops_steps(sg, ops, page))
+
 
 def _whole_walk_orders(comp, view):
     """What the whole-tree walks would pick now: rr-tail's lap (`_ring`) and level-tail's deepest."""
@@ -227,23 +266,9 @@ def test_kept_orders_equal_whole_tree_walks_and_cuts_keep_integrity(ops, page, b
     os.environ["RADIXFLOW_SGLANG_CHUNK_TOKENS"] = str(4 * page)
     sg = twins.SGLangTwin(backend, 96 * page, page)
     comp = sg.cache.components[FULL]
-    hist = {h: [7] * (2 * page) + [1000 * (h + 1) + i for i in range(page * (1 + h % 3))] for h in range(6)}
-    held = {}
     pol = comp.policy
-    for op, h, n in ops:
-        if op == "grow" and h not in held:
-            toks = hist[h]
-            state = sg.start(toks, n * page)
-            hist[h] = toks + [1000 * (h + 1) + len(toks) + i for i in range(n * page)]
-            sg.finish(state, hist[h])
-        elif op == "hold" and h not in held and len(held) < 2:
-            held[h] = sg.start(hist[h], page)
-        elif op == "release" and held:
-            k = sorted(held)[h % len(held)]
-            sg.finish(held.pop(k), hist[k])
-        elif op == "evict":
-            sg.evict(n * page)
-        sg.check()
+
+    def step():
         view = SGLangTreeView(comp, depths=comp._depths, keys=comp._keys)
         changes = view.changes()  # what the next evict call would enter first
         ring, deepest = _whole_walk_orders(comp, view)
@@ -257,10 +282,8 @@ def test_kept_orders_equal_whole_tree_walks_and_cuts_keep_integrity(ops, page, b
                 pol._deepest = DeepestFirst()
             pol._deepest.enter(view, changes)
             assert pol._deepest.deepest(view) is deepest
-    for k, state in held.items():
-        sg.finish(state, hist[k])
-    sg.evict(10**6)
-    sg.check()
+
+    _ops_end(sg, *_ops_steps(sg, ops, page, split=False, probe=False, step=step))
     assert sg.cache.evictable_size() == 0
 
 
@@ -300,35 +323,20 @@ def test_flop_aware_kept_order_equals_a_whole_tree_ranking_and_keeps_integrity(o
         del os.environ["RADIXFLOW_SGLANG_RECENCY_WEIGHT"]
     comp = sg.cache.components[FULL]
     comp.policy.costs = ReuseCosts(flops_per_pair=per_pair)
-    hist = {h: [7] * (2 * page) + [1000 * (h + 1) + i for i in range(page * (1 + h % 3))] for h in range(6)}
-    held = {}
     levels = []
-    for op, h, n in ops:
-        if op == "grow" and h not in held:
-            toks = hist[h]
-            state = sg.start(toks[: len(toks) - page * (n % 2)], n * page)  # some take a prefix: a split
-            hist[h] = toks + [1000 * (h + 1) + len(toks) + i for i in range(n * page)]
-            sg.finish(state, hist[h])
-        elif op == "hold" and h not in held and len(held) < 2:
-            held[h] = sg.start(hist[h], page)
-        elif op == "release" and held:
-            k = sorted(held)[h % len(held)]
-            sg.finish(held.pop(k), hist[k])
-        elif op == "evict":
-            sg.evict(n * page)
-        sg.check()
+
+    def step():
         view = SGLangTreeView(comp, depths=comp._depths, keys=comp._keys, values=comp._values)
         greedy = comp._greedy_order()
         greedy.enter(view, view.changes(), comp._efficiency)
         assert greedy.order(view) == _whole_tree_greedy_order(comp, view)
         levels.append(greedy.level)
+
+    hist, held = _ops_steps(sg, ops, page, probe=False, step=step)  # some grows take a prefix: a split
     assert levels == sorted(levels)
     if comp.victims and weight not in ("0", "1"):  # w = 1: recency alone (every priority 0); w = 0: no level
         assert comp._greedy.level > 0
-    for k, state in held.items():
-        sg.finish(state, hist[k])
-    sg.evict(10**6)
-    sg.check()
+    _ops_end(sg, hist, held)
     assert sg.cache.evictable_size() == 0
 
 
@@ -412,33 +420,6 @@ def test_compaction_drops_superseded_entries_and_keeps_the_orders():
 
 
 # ----------------------------------------------------------------------------- the adaptive's cold order
-def _ops_run(sg, ops, page) -> None:
-    """The random requests of the kept-order tests (grow, hold, release, evict) on one twin; some
-    requests take a prefix of their history (a split), and a release probes another history (a
-    match without a request: SGLang's counter moves on an idle leaf)."""
-    hist = {h: [7] * (2 * page) + [1000 * (h + 1) + i for i in range(page * (1 + h % 3))] for h in range(6)}
-    held = {}
-    for op, h, n in ops:
-        if op == "grow" and h not in held:
-            toks = hist[h]
-            state = sg.start(toks[: len(toks) - page * (n % 2)], n * page)
-            hist[h] = toks + [1000 * (h + 1) + len(toks) + i for i in range(n * page)]
-            sg.finish(state, hist[h])
-        elif op == "hold" and h not in held and len(held) < 2:
-            held[h] = sg.start(hist[h], page)
-        elif op == "release" and held:
-            k = sorted(held)[h % len(held)]
-            sg.finish(held.pop(k), hist[k])
-            sg.kept(hist[(k + n) % 6])
-        elif op == "evict":
-            sg.evict(n * page)
-        sg.check()
-    for k, state in held.items():
-        sg.finish(state, hist[k])
-    sg.evict(10**6)
-    sg.check()
-
-
 def _adaptive_records(order: str, q, run, monkeypatch) -> list:
     from radixflow.integrations.sglang import adaptive
 

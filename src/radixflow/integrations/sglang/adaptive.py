@@ -715,11 +715,7 @@ class DuelFullComponent(RadixflowFullComponent):
             for leaf in cold:
                 if depth(leaf) <= level:
                     break
-                if not view.is_leaf(leaf) or not view.evictable(leaf):
-                    continue
-                got = 0
-                for victim in cut_to(view, leaf, level):
-                    got += yield victim
+                got = yield from _cut_cold(view, leaf, level)
                 freed += got
                 progressed |= got > 0
                 if freed >= need:
@@ -766,11 +762,7 @@ class DuelFullComponent(RadixflowFullComponent):
                     leaf = e[4]
                     if depth(leaf) <= level:
                         break
-                    if not view.is_leaf(leaf) or not view.evictable(leaf):
-                        continue
-                    got = 0
-                    for victim in cut_to(view, leaf, level):
-                        got += yield victim
+                    got = yield from _cut_cold(view, leaf, level)
                     freed += got
                     progressed |= got > 0
                     if freed >= need:
@@ -834,3 +826,14 @@ def water_level(depths: list[int], need: int, unit: int) -> int:
         if level >= nxt:
             return max(0, level // unit * unit)
     return 0
+
+
+def _cut_cold(view, leaf, level: int):
+    """One cold leaf of the tail rule cut down to the water `level` (nothing where it is no longer an
+    evictable leaf); yields the victims, is sent back what each freed, returns the total."""
+    if not view.is_leaf(leaf) or not view.evictable(leaf):
+        return 0
+    got = 0
+    for victim in cut_to(view, leaf, level):
+        got += yield victim
+    return got
