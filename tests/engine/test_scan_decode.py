@@ -5,6 +5,8 @@ decode row that captures nothing (the rows' copies and the capturing rows select
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -53,18 +55,22 @@ def test_decode_steps_in_place_match_the_allocating_steps(name, monkeypatch):
              RowInput([toks[4]], 40, [0, 1, 2, 30], 0, [], [0]),            # captures nothing
              RowInput([toks[5]], 40, [0, 1, 2, 31], 0, [(1, 9)], [0])]
     results = {}
-    for ref in (False, True):
+    model64 = copy.deepcopy(model).double()
+    for ref, m in ((False, model), (True, model), (True, model64)):
         if ref:
             monkeypatch.setattr(gated_delta, "_decode", _gdn_decode_allocating)
             monkeypatch.setattr(ssd, "_decode", _ssd_decode_allocating)
-        cache = model.allocate_cache(40, BLOCK, 12)
-        model([RowInput(prompt, 0, [0, 1, 2], None, [(40, 0)], [])], cache)
-        got = [model(rows, cache) for rows in (decode_only, mixed)]
-        results[ref] = (got, [t.clone() for t in cache.rec])
-    (new, new_rec), (old, old_rec) = results[False], results[True]
-    for a, b in zip(new, old):
+        cache = m.allocate_cache(40, BLOCK, 12)
+        m([RowInput(prompt, 0, [0, 1, 2], None, [(40, 0)], [])], cache)
+        got = [m(rows, cache) for rows in (decode_only, mixed)]
+        results[ref, m is model64] = [*got, *(t.clone() for t in cache.rec)]
+    # each tensor of the in-place steps within 4x the allocating steps' own fp32 error against a float64
+    # run (floor: 16 fp32 ulps of the tensor), not a fixed tolerance one CPU's kernels happen to meet
+    new, old, ref64 = results[False, False], results[True, False], results[True, True]
+    eps = torch.finfo(torch.float32).eps
+    for i, (a, b, r) in enumerate(zip(new, old, ref64)):
         assert a.abs().sum() > 0
-        assert (a - b).abs().max() <= 1e-5 * b.abs().max()
-    for a, b in zip(new_rec, old_rec):
-        assert b[1:5].abs().sum() > 0 and b[9].abs().sum() > 0      # the captures were written
-        assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+        if i >= 2:
+            assert b[1:5].abs().sum() > 0 and b[9].abs().sum() > 0      # the captures were written
+        own = (b.double() - r).abs().max().item()
+        assert (a.double() - r).abs().max().item() <= 4 * max(own, 16 * eps * r.abs().max().item()), i
