@@ -196,6 +196,30 @@ def test_siblings_run_beside_their_producer_in_one_forward():
     assert_dependents_sound(s, on)
 
 
+def test_rows_short_of_slots_keep_their_deepest_boundaries_under_handoff():
+    # two producers on two 120-token documents (16-token interval) in one round, with slots for two of
+    # the second row's boundaries: under hand-off it keeps its deepest (where its siblings and next turn
+    # resume), `off` keeps the first two that found a slot, as before (its decisions are pinned)
+    def kept(mode):
+        s, batch = _one_round(_fresh(make_branches(2, doc_len=120, branches_per_group=1, tail=3)),
+                              handoff=mode, num_state_slots=12)
+        assert batch.num_rows == 2
+        second = batch.fragments[1]
+        depths = sorted(n.snapshot.depth for n in s.index._snap_nodes if n.snapshot.producer == second.branch.uid)
+        # each capture is in the row's state_out at its offset, ascending, with the slot the tree holds
+        outs = [(n, slot) for n, slot in second.state_out if slot != second.branch.sched.working]
+        assert [n + second.start for n, _ in outs] == depths
+        for n, slot in outs:
+            assert s.index.node_after(second.branch.sched.hashes, (n + second.start) // 4).snapshot.slot == slot
+        s.complete(batch, _Exec().execute(batch), 1.1)
+        s.check_integrity()
+        return second.end, depths
+
+    end, off = kept("off")
+    assert (end, off) == (112, [16, 32])
+    assert kept("on") == (112, [96, 112]) and kept("auto") == (112, [96, 112])
+
+
 def test_a_dependent_at_an_exact_branch_point_inside_a_page():
     branches = make_branches(1, doc_len=22, tail=3)  # branch point 22: inside page 5 (4-token pages)
     s, batch = _one_round(_fresh(branches), handoff="on", checkpoints="branch")

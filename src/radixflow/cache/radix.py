@@ -368,6 +368,17 @@ class RadixIndex:
         snap.published, snap.producer = False, producer
         self._pending_snaps.append(snap)
 
+    def move_pending(self, snap: Snapshot, node: Node) -> None:
+        """A snapshot its producer has not written yet moves to the end of `node` (same slot, same
+        producer): a row short of slots keeps its deeper boundaries (core/captures.py)."""
+        assert snap.producer is not None and snap.tail == () and node.snapshot is None, "a pending boundary"
+        old = snap.node
+        old.snapshot = None
+        del self._snap_nodes[old]
+        snap.node, snap.depth = node, node.depth
+        node.snapshot = snap
+        self._snap_nodes[node] = None
+
     def publish(self) -> None:
         """End of round: what this round produced joins the published set C_{t+1}."""
         for node in self._pending_nodes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from radixflow.cache.node import Snapshot
 from radixflow.cache.pool import IdPool
 from radixflow.cache.radix import RadixIndex
 from radixflow.core.branch import Branch
@@ -58,8 +59,7 @@ class Captures:
                 self._branch_points(b, start, end, now, out, copies)
         elif caching:
             first_b = (start // r.interval + 1) * r.interval
-            for depth in range(first_b, end + 1, r.interval):
-                self.at(b, depth, start, now, out)
+            self._boundaries(b, range(first_b, end + 1, r.interval), start, now, out)
             if r.branch_points is not None:  # exact depths; the branch's end is snapshotted at finish
                 self._branch_points(b, start, end, now, out, copies)
                 out.append((end - start, tr.working))
@@ -85,6 +85,32 @@ class Captures:
                 self.at(b, depth, start, now, out)
             else:
                 capture_exact(self, b, depth, start, now, out, copies)
+
+    def _boundaries(self, b: Branch, depths: range, start: int, now: float, out: list[tuple[int, int]]) -> None:
+        """The interval boundaries of a row, shallowest first. Where no slot can be had part way (rows
+        of one round capture together, and their snapshots are pending until it ends), each deeper
+        boundary takes the slot of this row's shallowest capture made here: what the row keeps is its
+        deepest boundaries, the states that serve every request reading its tokens furthest (its
+        siblings, its next turn, a consumer waiting on it). With slots to spare nothing moves. Only
+        with `--handoff on|auto`, whose rounds run producers side by side (docs/handoff.md, "Snapshot
+        slots"); `off` keeps the first boundaries that find a slot, as before."""
+        tr = b.sched
+        keep_deepest = self.config.handoff != "off"
+        mine: list[Snapshot] = []  # this row's new captures, shallowest first
+        for depth in depths:
+            node = self.index.node_after(tr.hashes, depth // self.block_size)  # registered by Memory.place
+            if node.snapshot is not None:
+                continue
+            if self.ensure(0, 1):
+                snap = self.index.attach_snapshot(node, self.slots.allocate_one(), b.uid, now)
+                snap.level = tr.level
+            elif mine and keep_deepest:
+                snap = mine.pop(0)
+                self.index.move_pending(snap, node)
+            else:
+                continue
+            mine.append(snap)
+        out.extend((s.depth - start, s.slot) for s in mine)
 
     def at(self, b: Branch, depth: int, start: int, now: float, out: list[tuple[int, int]]) -> None:
         """A pending snapshot at `depth` written by this row, unless one exists or no slot can be had."""
