@@ -402,13 +402,22 @@ class _FakeView:
 
 
 def test_compaction_drops_superseded_entries_and_keeps_the_orders():
-    """Leaves re-entered between walks (the backends enter changes on every insert) leave superseded
-    entries in the heaps; past 1.5x the live ones plus 32, `compact` drops them, and the next lap and
-    the deepest pick stay what they were."""
+    """Leaves re-entered between walks (the backends enter changes on every insert) with a moved key
+    or depth leave superseded entries in the heaps (an unmoved one keeps its entry: none added);
+    past 1.5x the live ones plus 32, `compact` drops them, and the next lap and the deepest pick stay
+    what they were."""
     keys = {i: ("", 0, (i * 7 % 13,)) for i in range(40)}
     view = _FakeView(keys, {i: 100 + i % 5 for i in range(40)})
     rot, deep = Rotation(), DeepestFirst()
-    for _ in range(4):  # every leaf entered four times: three superseded entries each
+    rot.enter(view, list(keys), ("", 0, (6,)))
+    deep.enter(view, list(keys))
+    rot.enter(view, list(keys), ("", 0, (6,)))  # nothing moved: no new entry
+    deep.enter(view, list(keys))
+    assert len(rot.ahead) + len(rot.behind) == len(deep.heap) == 40
+    for r in range(3):  # every leaf moved and entered three more times: three superseded entries each
+        for i in keys:
+            keys[i] = ("", r + 1, (i * 7 % 13,))
+            view.depths[i] -= 1
         rot.enter(view, list(keys), ("", 0, (6,)))
         deep.enter(view, list(keys))
     assert len(rot.ahead) + len(rot.behind) == len(deep.heap) == 160

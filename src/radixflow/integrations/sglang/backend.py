@@ -665,8 +665,19 @@ class RadixflowFullComponent(FullComponent):
                 view = self._view = self._kept_view()
                 size = self.tree_core.full_evictable_size()
                 self._whole = view.trims and need < size
-                if self._whole and isinstance(self.policy, RoundRobinTail):
+                pol = self.policy
+                if self._whole and isinstance(pol, RoundRobinTail):
                     need = min(int(need * self.cut_ahead), size)
+                    if self.cuts:  # a batched tail call: the whole call here, no generators
+                        pages = max(pol.chunk_pages, -(-need // (self.cuts * view.unit)))
+                        try:
+                            self._tail_call(view, pol, need, pages, tracker, device_frees, host_frees,
+                                            cache_actions)
+                        finally:
+                            frees = device_frees[FULL]
+                            if len(frees) > 1:
+                                frees[:] = [torch.cat(frees)]
+                        return None
                 self._walk = self._start_walk(view, need)
                 victim = next(self._walk)
             elif self._walk is None:
@@ -693,6 +704,89 @@ class RadixflowFullComponent(FullComponent):
         self.victims += 1
         self._depths.pop(victim.id, None)  # the cache deletes it now
         return victim.id
+
+    def _tail_call(self, view, pol, need: int, pages: int, tracker, device_frees, host_frees, cache_actions) -> None:
+        """A batched rr-tail / level-tail call on a tree that `trims`, in one loop: the victims of
+        `pol.page_walk(view, need, pages)` (the kept `Rotation` / `DeepestFirst`, `cut_to`'s cuts),
+        each removed as it is chosen, without the generators' frames and sends (same decisions)."""
+        if isinstance(pol, LevelTail):
+            order = pol._deepest
+            if order is None:
+                order = pol._deepest = DeepestFirst()
+            freed = 0
+            span = pages * view.unit
+            while freed < need:
+                order.enter(view, view.changes())
+                pick = order.deepest(view)
+                if pick is None:
+                    return
+                got = self._cut_tail(view, pick, span, tracker, device_frees, host_frees, cache_actions)
+                if not got:
+                    return
+                freed += got
+            return
+        rot = pol._rotation
+        if rot is None:
+            rot = pol._rotation = Rotation()
+        rot.enter(view, view.changes(), pol._page_cursor)
+        entry = rot.entry
+        is_leaf, evictable = view.is_leaf, view.evictable
+        pop = heapq.heappop
+        span = pages * view.unit
+        freed = 0
+        while freed < need:
+            progressed = False
+            visited = rot.visited = []
+            try:
+                for phase, heap in enumerate((rot.ahead, rot.behind)):
+                    rot._phase = phase
+                    while heap:
+                        e = pop(heap)
+                        leaf = e[3]
+                        if entry.get(leaf) is not e:
+                            continue  # superseded or dropped
+                        visited.append(e)
+                        if not is_leaf(leaf) or not evictable(leaf):
+                            del entry[leaf]
+                            continue
+                        pol._page_cursor = e[0]
+                        got = self._cut_tail(view, leaf, span, tracker, device_frees, host_frees, cache_actions)
+                        progressed |= got > 0
+                        freed += got
+                        if freed >= need:
+                            break
+                    else:
+                        continue
+                    break
+            finally:
+                rot.close_lap(view, pol._page_cursor)
+            if not progressed:
+                return
+
+    def _cut_tail(self, view, leaf, span: int, tracker, device_frees, host_frees, cache_actions) -> int:
+        """`cut_to(view, leaf, depth - span)` on a FULL-only tree that trims, each victim removed at
+        once: whole leaves up the single-child chain, the last one shortened in place. What it freed."""
+        before = tracker[FULL]
+        node = leaf
+        depth = view.depth(node)
+        target = depth - span if depth > span else 0
+        root = self.tree_core.root_node
+        evictable = view.evictable
+        while depth > target and node is not root:
+            if node.children or not evictable(node):
+                break
+            start = depth - len(node.key)
+            self.victims += 1
+            if start >= target:
+                parent = node.parent
+                self._depths.pop(node.id, None)
+                self._drop_leaf(node, tracker, device_frees, host_frees, cache_actions)
+                node = parent
+                depth = start
+                continue
+            self._trim(node, target, tracker, device_frees)
+            break
+        return tracker[FULL] - before
 
     def _remove(self, victim, tracker, device_frees, host_frees, cache_actions) -> int:
         """Removes a victim of the walk in this step: a leaf (SGLang's own deletion) or a `Trim`."""
