@@ -208,7 +208,9 @@ def _ops_steps(sg, ops, page, split: bool = True, probe: bool = True, step=None)
     hist = {h: [7] * (2 * page) + [1000 * (h + 1) + i for i in range(page * (1 + h % 3))] for h in range(6)}
     held = {}
     for op, h, n in ops:
-        if op == "grow" and h not in held:
+        # a history grows to 28 pages at most: two held and one growing request then fit the tests'
+        # 96-page pools whatever the eviction (a longer one can lock more than the pool holds)
+        if op == "grow" and h not in held and len(hist[h]) + n * page <= 28 * page:
             toks = hist[h]
             state = sg.start(toks[: len(toks) - page * (n % 2)] if split else toks, n * page)
             hist[h] = toks + [1000 * (h + 1) + len(toks) + i for i in range(n * page)]
@@ -259,8 +261,9 @@ def test_kept_orders_equal_whole_tree_walks_and_cuts_keep_integrity(ops, page, b
     """Random requests (6 histories behind a shared prompt: grow = a request that returns and grows,
     hold / release = a request kept running across later steps, evict = SGLang's evict). After every
     step the kept orders, fed only by the backend's change feed, give rr-tail's next lap and
-    level-tail's next pick exactly as a walk over the whole tree does; SGLang's sanity check and
-    the pool ledger hold after every in-place cut."""
+    level-tail's next pick exactly as a walk over the whole tree does (with trajectory keys and
+    depths computed afresh, not read from the component's memos, which must equal them); SGLang's
+    sanity check and the pool ledger hold after every in-place cut."""
     import os
 
     os.environ["RADIXFLOW_SGLANG_CHUNK_TOKENS"] = str(4 * page)
@@ -271,7 +274,11 @@ def test_kept_orders_equal_whole_tree_walks_and_cuts_keep_integrity(ops, page, b
     def step():
         view = SGLangTreeView(comp, depths=comp._depths, keys=comp._keys)
         changes = view.changes()  # what the next evict call would enter first
-        ring, deepest = _whole_walk_orders(comp, view)
+        fresh = SGLangTreeView(comp)  # no memos: keys and depths walked up the tree now
+        ring, deepest = _whole_walk_orders(comp, fresh)
+        for leaf in fresh.leaves():
+            assert view.trajectory_key(leaf) == fresh.trajectory_key(leaf)
+            assert view.depth(leaf) == fresh.depth(leaf)
         if backend == "radixflow-rr-tail":
             if pol._rotation is None:
                 pol._rotation = Rotation()
