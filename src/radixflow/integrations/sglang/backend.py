@@ -437,6 +437,7 @@ class RadixflowFullComponent(FullComponent):
         # flop-aware's order kept across calls (`GreedyDual`; FULL-only device trees, `trims`)
         self._flop_kept = isinstance(self.policy, FlopAware) and flop_order() == "kept"
         self._greedy: GreedyDual | None = None
+        self._io = None  # this step's (tracker, device frees, host frees, actions) while a walk may remove
 
     # --------------------------------------------------------------- the kept orders' feed
     def drain_changes(self) -> list:
@@ -709,7 +710,19 @@ class RadixflowFullComponent(FullComponent):
                                 frees[:] = [torch.cat(frees)]
                         return None
                 self._walk = self._start_walk(view, need)
-                victim = next(self._walk)
+                if self._whole:  # the walk may remove victims itself, within this step (`removes_now`)
+                    self._io = (tracker, device_frees, host_frees, cache_actions)
+                    try:
+                        victim = next(self._walk)
+                    except StopIteration:
+                        frees = device_frees[FULL]
+                        if len(frees) > 1:
+                            frees[:] = [torch.cat(frees)]
+                        raise
+                    finally:
+                        self._io = None
+                else:
+                    victim = next(self._walk)
             elif self._walk is None:
                 return None
             elif self._view.trims:
@@ -722,7 +735,11 @@ class RadixflowFullComponent(FullComponent):
                         self._sent = self._remove(victim, tracker, device_frees, host_frees, cache_actions)
                         if not self._whole:
                             return None  # progress made: SGLang drains the frees and asks again
-                        victim = self._walk.send(self._sent)
+                        self._io = (tracker, device_frees, host_frees, cache_actions)
+                        try:
+                            victim = self._walk.send(self._sent)
+                        finally:
+                            self._io = None
                 finally:
                     frees = device_frees[FULL]
                     if len(frees) > 1:  # one allocator free for the step (page-exact segments stay so)
@@ -750,7 +767,9 @@ class RadixflowFullComponent(FullComponent):
                 pick = order.deepest(view)
                 if pick is None:
                     return
-                got = self._cut_tail(view, pick, span, tracker, device_frees, host_frees, cache_actions)
+                d = view.depth(pick)
+                got = self._cut_tail(view, pick, d - span if d > span else 0, tracker, device_frees, host_frees,
+                                     cache_actions)
                 if not got:
                     return
                 freed += got
@@ -780,7 +799,9 @@ class RadixflowFullComponent(FullComponent):
                             del entry[leaf]
                             continue
                         pol._page_cursor = e[0]
-                        got = self._cut_tail(view, leaf, span, tracker, device_frees, host_frees, cache_actions)
+                        d = view.depth(leaf)
+                        got = self._cut_tail(view, leaf, d - span if d > span else 0, tracker, device_frees,
+                                             host_frees, cache_actions)
                         progressed |= got > 0
                         freed += got
                         if freed >= need:
@@ -793,10 +814,10 @@ class RadixflowFullComponent(FullComponent):
             if not progressed:
                 return
 
-    def _cut_tail(self, view, leaf, span: int, tracker, device_frees, host_frees, cache_actions) -> int:
-        """`cut_to(view, leaf, depth - span)` on a FULL-only tree that trims, each victim removed at
-        once: whole leaves up the single-child chain (`_drop_leaf`'s steps, inline where the leaf has
-        no host copy), the last one shortened in place (`_trim`'s). What it freed."""
+    def _cut_tail(self, view, leaf, target: int, tracker, device_frees, host_frees, cache_actions) -> int:
+        """`cut_to(view, leaf, target)` on a FULL-only tree that trims, each victim removed at once:
+        whole leaves up the single-child chain (`_drop_leaf`'s steps, inline where the leaf has no
+        host copy), the last one shortened in place (`_trim`'s). What it freed."""
         core = self.tree_core
         root = core.root_node
         frees = device_frees[FULL]
@@ -808,7 +829,6 @@ class RadixflowFullComponent(FullComponent):
         before = tracker[FULL]
         node = leaf
         depth = view.depth(node)
-        target = depth - span if depth > span else 0
         while depth > target and node is not root:
             if node.children:
                 break
@@ -874,6 +894,27 @@ class RadixflowFullComponent(FullComponent):
                 self._keys.pop(node.id, None)
         self._changed[node] = None
         node.last_access_time = get_and_increase_time_counter()
+
+    def cut_now(self, view, leaf, target: int) -> int:
+        """For a walk of a whole-call step on a tree that trims (`removes_now`): cuts `leaf`'s
+        trajectory to `target` at once (`cut_to`'s victims, removed as `_cut_tail` does) instead of
+        yielding the victims; what it freed."""
+        return self._cut_tail(view, leaf, target, *self._io)
+
+    def drop_now(self, leaf) -> int:
+        """For a walk of a whole-call step on a tree that trims (`removes_now`): deletes the
+        evictable leaf at once (`_drop_leaf`) instead of yielding it; what it freed."""
+        tracker = self._io[0]
+        before = tracker[FULL]
+        self.victims += 1
+        self._depths.pop(leaf.id, None)
+        self._drop_leaf(leaf, *self._io)
+        return tracker[FULL] - before
+
+    @property
+    def removes_now(self) -> bool:
+        """A walk may remove its victims itself (`cut_now`, `drop_now`): this call runs in one step."""
+        return self._io is not None
 
     def _remove(self, victim, tracker, device_frees, host_frees, cache_actions) -> int:
         """Removes a victim of the walk in this step: a leaf (SGLang's own deletion) or a `Trim`."""
