@@ -482,3 +482,28 @@ def test_adaptive_kept_cold_order_on_the_agentic_config(q, page, monkeypatch):
     kept, by_sort = (_adaptive_records(o, q, run, monkeypatch) for o in ("kept", "sorted"))
     assert len(kept[0]) > 3 and (q in (None, "duel") or kept[1] == len(kept[0]))
     assert kept == by_sort
+
+
+# ----------------------------------------------------------------------------- byte trajectory keys
+_KEYS = st.tuples(st.sampled_from(["", "a", "ab", "b", "é", "lora-1"]), st.integers(0, 1 << 40),
+                  st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=8))
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=_KEYS, b=_KEYS)
+def test_byte_trajectory_keys_order_as_the_tuples(a, b):
+    """`encode_key` keeps the tuple order (extra key, branch depth, first tokens) the rotation and
+    level-tail's ties were pinned with: equal, less and greater as the tuples are (a shorter name or
+    token prefix first, negative token ids below positive ones)."""
+    from radixflow.integrations.sglang.backend import encode_key
+
+    ta, tb = (a[0], a[1], tuple(a[2])), (b[0], b[1], tuple(b[2]))
+    ka, kb = encode_key(*a), encode_key(*b)
+    assert (ka < kb, ka == kb, ka > kb) == (ta < tb, ta == tb, ta > tb)
+
+
+def test_byte_trajectory_key_refuses_a_nul_in_the_extra_key():
+    from radixflow.integrations.sglang.backend import encode_key
+
+    with pytest.raises(ValueError, match="NUL"):
+        encode_key("lora\0x", 0, [1, 2])
