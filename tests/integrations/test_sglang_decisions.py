@@ -208,7 +208,9 @@ def _ops_steps(sg, ops, page, split: bool = True, probe: bool = True, step=None)
     hist = {h: [7] * (2 * page) + [1000 * (h + 1) + i for i in range(page * (1 + h % 3))] for h in range(6)}
     held = {}
     for op, h, n in ops:
-        if op == "grow" and h not in held:
+        # a history grows to 28 pages at most: two held and one growing request then fit the tests'
+        # 96-page pools whatever the eviction (a longer one can lock more than the pool holds)
+        if op == "grow" and h not in held and len(hist[h]) + n * page <= 28 * page:
             toks = hist[h]
             state = sg.start(toks[: len(toks) - page * (n % 2)] if split else toks, n * page)
             hist[h] = toks + [1000 * (h + 1) + len(toks) + i for i in range(n * page)]
@@ -259,8 +261,9 @@ def test_kept_orders_equal_whole_tree_walks_and_cuts_keep_integrity(ops, page, b
     """Random requests (6 histories behind a shared prompt: grow = a request that returns and grows,
     hold / release = a request kept running across later steps, evict = SGLang's evict). After every
     step the kept orders, fed only by the backend's change feed, give rr-tail's next lap and
-    level-tail's next pick exactly as a walk over the whole tree does; SGLang's sanity check and
-    the pool ledger hold after every in-place cut."""
+    level-tail's next pick exactly as a walk over the whole tree does (with trajectory keys and
+    depths computed afresh, not read from the component's memos, which must equal them); SGLang's
+    sanity check and the pool ledger hold after every in-place cut."""
     import os
 
     os.environ["RADIXFLOW_SGLANG_CHUNK_TOKENS"] = str(4 * page)
@@ -271,7 +274,11 @@ def test_kept_orders_equal_whole_tree_walks_and_cuts_keep_integrity(ops, page, b
     def step():
         view = SGLangTreeView(comp, depths=comp._depths, keys=comp._keys)
         changes = view.changes()  # what the next evict call would enter first
-        ring, deepest = _whole_walk_orders(comp, view)
+        fresh = SGLangTreeView(comp)  # no memos: keys and depths walked up the tree now
+        ring, deepest = _whole_walk_orders(comp, fresh)
+        for leaf in fresh.leaves():
+            assert view.trajectory_key(leaf) == fresh.trajectory_key(leaf)
+            assert view.depth(leaf) == fresh.depth(leaf)
         if backend == "radixflow-rr-tail":
             if pol._rotation is None:
                 pol._rotation = Rotation()
@@ -402,13 +409,22 @@ class _FakeView:
 
 
 def test_compaction_drops_superseded_entries_and_keeps_the_orders():
-    """Leaves re-entered between walks (the backends enter changes on every insert) leave superseded
-    entries in the heaps; past 1.5x the live ones plus 32, `compact` drops them, and the next lap and
-    the deepest pick stay what they were."""
+    """Leaves re-entered between walks (the backends enter changes on every insert) with a moved key
+    or depth leave superseded entries in the heaps (an unmoved one keeps its entry: none added);
+    past 1.5x the live ones plus 32, `compact` drops them, and the next lap and the deepest pick stay
+    what they were."""
     keys = {i: ("", 0, (i * 7 % 13,)) for i in range(40)}
     view = _FakeView(keys, {i: 100 + i % 5 for i in range(40)})
     rot, deep = Rotation(), DeepestFirst()
-    for _ in range(4):  # every leaf entered four times: three superseded entries each
+    rot.enter(view, list(keys), ("", 0, (6,)))
+    deep.enter(view, list(keys))
+    rot.enter(view, list(keys), ("", 0, (6,)))  # nothing moved: no new entry
+    deep.enter(view, list(keys))
+    assert len(rot.ahead) + len(rot.behind) == len(deep.heap) == 40
+    for r in range(3):  # every leaf moved and entered three more times: three superseded entries each
+        for i in keys:
+            keys[i] = ("", r + 1, (i * 7 % 13,))
+            view.depths[i] -= 1
         rot.enter(view, list(keys), ("", 0, (6,)))
         deep.enter(view, list(keys))
     assert len(rot.ahead) + len(rot.behind) == len(deep.heap) == 160
@@ -466,3 +482,28 @@ def test_adaptive_kept_cold_order_on_the_agentic_config(q, page, monkeypatch):
     kept, by_sort = (_adaptive_records(o, q, run, monkeypatch) for o in ("kept", "sorted"))
     assert len(kept[0]) > 3 and (q in (None, "duel") or kept[1] == len(kept[0]))
     assert kept == by_sort
+
+
+# ----------------------------------------------------------------------------- byte trajectory keys
+_KEYS = st.tuples(st.sampled_from(["", "a", "ab", "b", "é", "lora-1"]), st.integers(0, 1 << 40),
+                  st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=8))
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=_KEYS, b=_KEYS)
+def test_byte_trajectory_keys_order_as_the_tuples(a, b):
+    """`encode_key` keeps the tuple order (extra key, branch depth, first tokens) the rotation and
+    level-tail's ties were pinned with: equal, less and greater as the tuples are (a shorter name or
+    token prefix first, negative token ids below positive ones)."""
+    from radixflow.integrations.sglang.backend import encode_key
+
+    ta, tb = (a[0], a[1], tuple(a[2])), (b[0], b[1], tuple(b[2]))
+    ka, kb = encode_key(*a), encode_key(*b)
+    assert (ka < kb, ka == kb, ka > kb) == (ta < tb, ta == tb, ta > tb)
+
+
+def test_byte_trajectory_key_refuses_a_nul_in_the_extra_key():
+    from radixflow.integrations.sglang.backend import encode_key
+
+    with pytest.raises(ValueError, match="NUL"):
+        encode_key("lora\0x", 0, [1, 2])

@@ -447,14 +447,18 @@ class Rotation:
 
     def enter(self, view: TreeView, leaves, cursor) -> None:
         """(Re-)enters `leaves` (evictable leaves get an entry at their current key, others lose it)."""
+        entry = self.entry
         for leaf in leaves:
             if view.is_leaf(leaf) and view.evictable(leaf):
+                key, order = view.trajectory_key(leaf), view.leaf_order(leaf)
+                old = entry.get(leaf)
+                if old is not None and old[1] == order and old[0] == key:
+                    continue  # its live entry already sits in place (no stale copy to pop later)
                 self._uid += 1
-                e = (view.trajectory_key(leaf), view.leaf_order(leaf), self._uid, leaf)
-                self.entry[leaf] = e
-                heapq.heappush(self.ahead if cursor is None or e[0] > cursor else self.behind, e)
+                e = entry[leaf] = (key, order, self._uid, leaf)
+                heapq.heappush(self.ahead if cursor is None or key > cursor else self.behind, e)
             else:
-                self.entry.pop(leaf, None)
+                entry.pop(leaf, None)
 
     def drop(self, leaf) -> None:
         self.entry.pop(leaf, None)
@@ -532,14 +536,18 @@ class DeepestFirst:
         self._uid = 0
 
     def enter(self, view: TreeView, leaves) -> None:
+        entry = self.entry
         for leaf in leaves:
             if view.is_leaf(leaf) and view.evictable(leaf):
+                depth, key, order = -view.depth(leaf), view.trajectory_key(leaf), view.leaf_order(leaf)
+                old = entry.get(leaf)
+                if old is not None and old[0] == depth and old[2] == order and old[1].key == key:
+                    continue  # its live entry already sits in place
                 self._uid += 1
-                e = (-view.depth(leaf), _Rev(view.trajectory_key(leaf)), view.leaf_order(leaf), self._uid, leaf)
-                self.entry[leaf] = e
+                e = entry[leaf] = (depth, _Rev(key), order, self._uid, leaf)
                 heapq.heappush(self.heap, e)
             else:
-                self.entry.pop(leaf, None)
+                entry.pop(leaf, None)
 
     def compact(self) -> None:
         """Drops superseded entries once they outnumber the live ones (see `Rotation.compact`)."""

@@ -630,7 +630,10 @@ class DuelFullComponent(RadixflowFullComponent):
             else:
                 return
             del live[x]
-            freed += yield x
+            if self.removes_now:
+                freed += self.drop_now(x)
+            else:
+                freed += yield x
 
     def _plain_lru(self) -> bool:
         """SGLang's FULL priority is its lru's (the node's counter), not a session-aware one."""
@@ -762,7 +765,10 @@ class DuelFullComponent(RadixflowFullComponent):
                     leaf = e[4]
                     if depth(leaf) <= level:
                         break
-                    got = yield from _cut_cold(view, leaf, level)
+                    if self.removes_now:
+                        got = self.cut_now(view, leaf, level) if view.is_leaf(leaf) and view.evictable(leaf) else 0
+                    else:
+                        got = yield from _cut_cold(view, leaf, level)
                     freed += got
                     progressed |= got > 0
                     if freed >= need:

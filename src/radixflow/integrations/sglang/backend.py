@@ -42,6 +42,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import os
+import struct
 from types import SimpleNamespace
 
 import torch
@@ -226,24 +227,26 @@ class SGLangTreeView:
     def last_access(node) -> float:
         return node.component_data[FULL].metadata.get(ACCESS, 0)
 
-    def trajectory_key(self, leaf) -> tuple:
-        """Where the leaf's unshared chain starts (as `cache/eviction._trajectory_key`). Memoised by
-        leaf id (`keys`, kept by the component across walks, which forgets a key when the chain can
-        have changed: a child added or deleted above it, a split on it)."""
+    def trajectory_key(self, leaf) -> bytes:
+        """Where the leaf's unshared chain starts (as `cache/eviction._trajectory_key`), encoded so
+        that bytes order is the tuple order (`encode_key`: the kept orders' heaps then compare keys
+        in one memcmp, not tuple by tuple). Memoised by leaf id (`keys`, kept by the component across
+        walks, which forgets a key when the chain can have changed: a child added or deleted above
+        it, a split on it)."""
         key = self._keys.get(leaf.id)
         if key is None:
             key = self._keys[leaf.id] = self._trajectory_key(leaf)
         return key
 
-    def _trajectory_key(self, leaf) -> tuple:
+    def _trajectory_key(self, leaf) -> bytes:
         root = self.core.root_node
         node, up = leaf, leaf.parent
         while up is not root and len(up.children) == 1:
             node, up = up, up.parent
         key = node.key
         extra = key.extra_key
-        return ("" if extra is None else str(extra), self.depth(up) if up is not root else 0,
-                tuple(key.token_ids[:KEY_TOKENS]))
+        return encode_key("" if extra is None else str(extra), self.depth(up) if up is not root else 0,
+                          key.token_ids[:KEY_TOKENS])
 
     def split(self, node, depth: int) -> None:
         keep_above = depth - self.start(node)
@@ -271,6 +274,19 @@ class SGLangTreeView:
     @staticmethod
     def has_tail(snap) -> bool:
         return False
+
+
+_TOKEN_BIAS = 1 << 63  # token ids are int64: biased to unsigned, their order kept
+
+
+def encode_key(extra: str, depth: int, tokens) -> bytes:
+    """The trajectory key (extra key, branch depth, first tokens) as bytes whose order is the
+    tuple's: the extra key's UTF-8 then a NUL (a shorter name that is a prefix sorts first, as the
+    str), the depth and each token as 8 big-endian bytes (a token prefix sorts first, as the tuple)."""
+    if "\0" in extra:
+        raise ValueError(f"extra key {extra!r} holds a NUL character (the trajectory key ends it with one)")
+    return (extra.encode() + b"\0" + depth.to_bytes(8, "big")
+            + struct.pack(f">{len(tokens)}Q", *[t + _TOKEN_BIAS for t in tokens]))
 
 
 def _first(pair):
@@ -421,6 +437,7 @@ class RadixflowFullComponent(FullComponent):
         # flop-aware's order kept across calls (`GreedyDual`; FULL-only device trees, `trims`)
         self._flop_kept = isinstance(self.policy, FlopAware) and flop_order() == "kept"
         self._greedy: GreedyDual | None = None
+        self._io = None  # this step's (tracker, device frees, host frees, actions) while a walk may remove
 
     # --------------------------------------------------------------- the kept orders' feed
     def drain_changes(self) -> list:
@@ -480,7 +497,18 @@ class RadixflowFullComponent(FullComponent):
             parent = node.parent
             if parent is not None:
                 parent.component_data[FULL].metadata.pop(LEAF, None)  # not a leaf any more
-                self._children_changed(parent, len(parent.children), node, added=True)
+                count = len(parent.children)
+                self._children_changed(parent, count, node, added=True)
+                if parent is self.tree_core.root_node:
+                    self._depths[node.id] = len(node.key)
+                else:
+                    d = self._depths.get(parent.id)
+                    if d is not None:  # its end depth, without a walk up at the next evict call
+                        self._depths[node.id] = d + len(node.key)
+                    if count == 1:  # a former leaf's chain goes on through it: the same key
+                        key = self._keys.get(parent.id)
+                        if key is not None:
+                            self._keys[node.id] = key
                 self._changed[parent] = None  # leaves the kept orders now, not when a walk meets it
         self._stamp_path(node)  # our `insert(..., now)` then `touch(node, now)`
         if (self._flop_kept or self.leaves_gone_feed) and not is_new_leaf:
@@ -547,9 +575,12 @@ class RadixflowFullComponent(FullComponent):
     def discard_deleted_session_leaf(self, node) -> None:
         super().discard_deleted_session_leaf(node)
         parent = node.parent  # SGLang deletes `node` from it right after this hook
-        self._keys.pop(node.id, None)
+        key = self._keys.pop(node.id, None)
         if parent is not None:
-            self._children_changed(parent, len(parent.children) - 1, node, added=False)
+            count = len(parent.children) - 1
+            self._children_changed(parent, count, node, added=False)
+            if count == 0 and key is not None and parent is not self.tree_core.root_node:
+                self._keys[parent.id] = key  # its only child's chain ran through it: the same key
             if parent is not self.tree_core.root_node and len(parent.children) == 1:
                 parent.component_data[FULL].metadata[LEAF] = self.next_leaf_seq()  # a leaf from now on
 
@@ -665,10 +696,33 @@ class RadixflowFullComponent(FullComponent):
                 view = self._view = self._kept_view()
                 size = self.tree_core.full_evictable_size()
                 self._whole = view.trims and need < size
-                if self._whole and isinstance(self.policy, RoundRobinTail):
+                pol = self.policy
+                if self._whole and isinstance(pol, RoundRobinTail):
                     need = min(int(need * self.cut_ahead), size)
+                    if self.cuts:  # a batched tail call: the whole call here, no generators
+                        pages = max(pol.chunk_pages, -(-need // (self.cuts * view.unit)))
+                        try:
+                            self._tail_call(view, pol, need, pages, tracker, device_frees, host_frees,
+                                            cache_actions)
+                        finally:
+                            frees = device_frees[FULL]
+                            if len(frees) > 1:
+                                frees[:] = [torch.cat(frees)]
+                        return None
                 self._walk = self._start_walk(view, need)
-                victim = next(self._walk)
+                if self._whole:  # the walk may remove victims itself, within this step (`removes_now`)
+                    self._io = (tracker, device_frees, host_frees, cache_actions)
+                    try:
+                        victim = next(self._walk)
+                    except StopIteration:
+                        frees = device_frees[FULL]
+                        if len(frees) > 1:
+                            frees[:] = [torch.cat(frees)]
+                        raise
+                    finally:
+                        self._io = None
+                else:
+                    victim = next(self._walk)
             elif self._walk is None:
                 return None
             elif self._view.trims:
@@ -681,7 +735,11 @@ class RadixflowFullComponent(FullComponent):
                         self._sent = self._remove(victim, tracker, device_frees, host_frees, cache_actions)
                         if not self._whole:
                             return None  # progress made: SGLang drains the frees and asks again
-                        victim = self._walk.send(self._sent)
+                        self._io = (tracker, device_frees, host_frees, cache_actions)
+                        try:
+                            victim = self._walk.send(self._sent)
+                        finally:
+                            self._io = None
                 finally:
                     frees = device_frees[FULL]
                     if len(frees) > 1:  # one allocator free for the step (page-exact segments stay so)
@@ -693,6 +751,170 @@ class RadixflowFullComponent(FullComponent):
         self.victims += 1
         self._depths.pop(victim.id, None)  # the cache deletes it now
         return victim.id
+
+    def _tail_call(self, view, pol, need: int, pages: int, tracker, device_frees, host_frees, cache_actions) -> None:
+        """A batched rr-tail / level-tail call on a tree that `trims`, in one loop: the victims of
+        `pol.page_walk(view, need, pages)` (the kept `Rotation` / `DeepestFirst`, `cut_to`'s cuts),
+        each removed as it is chosen, without the generators' frames and sends (same decisions)."""
+        if isinstance(pol, LevelTail):
+            order = pol._deepest
+            if order is None:
+                order = pol._deepest = DeepestFirst()
+            freed = 0
+            span = pages * view.unit
+            while freed < need:
+                order.enter(view, view.changes())
+                pick = order.deepest(view)
+                if pick is None:
+                    return
+                d = view.depth(pick)
+                got = self._cut_tail(view, pick, d - span if d > span else 0, tracker, device_frees, host_frees,
+                                     cache_actions)
+                if not got:
+                    return
+                freed += got
+            return
+        rot = pol._rotation
+        if rot is None:
+            rot = pol._rotation = Rotation()
+        rot.enter(view, view.changes(), pol._page_cursor)
+        entry = rot.entry
+        is_leaf, evictable = view.is_leaf, view.evictable
+        pop = heapq.heappop
+        span = pages * view.unit
+        freed = 0
+        while freed < need:
+            progressed = False
+            visited = rot.visited = []
+            try:
+                for phase, heap in enumerate((rot.ahead, rot.behind)):
+                    rot._phase = phase
+                    while heap:
+                        e = pop(heap)
+                        leaf = e[3]
+                        if entry.get(leaf) is not e:
+                            continue  # superseded or dropped
+                        visited.append(e)
+                        if not is_leaf(leaf) or not evictable(leaf):
+                            del entry[leaf]
+                            continue
+                        pol._page_cursor = e[0]
+                        d = view.depth(leaf)
+                        got = self._cut_tail(view, leaf, d - span if d > span else 0, tracker, device_frees,
+                                             host_frees, cache_actions)
+                        progressed |= got > 0
+                        freed += got
+                        if freed >= need:
+                            break
+                    else:
+                        continue
+                    break
+            finally:
+                rot.close_lap(view, pol._page_cursor)
+            if not progressed:
+                return
+
+    def _cut_tail(self, view, leaf, target: int, tracker, device_frees, host_frees, cache_actions) -> int:
+        """`cut_to(view, leaf, target)` on a FULL-only tree that trims, each victim removed at once:
+        whole leaves up the single-child chain (`_drop_leaf`'s steps, inline where the leaf has no
+        host copy), the last one shortened in place (`_trim`'s). What it freed."""
+        core = self.tree_core
+        root = core.root_node
+        frees = device_frees[FULL]
+        sizes = core.component_evictable_size_
+        leaves = core.evictable_device_leaves
+        host_leaves = core.evictable_host_leaves
+        depths = self._depths
+        lean = _PLAIN_LEDGER and not core.lru_lists[FULL].cache and not core.host_lru_lists[FULL].cache
+        before = tracker[FULL]
+        node = leaf
+        depth = view.depth(node)
+        while depth > target and node is not root:
+            if node.children:
+                break
+            cds = node.component_data
+            cd = cds[FULL]
+            value = cd.value
+            if value is None:
+                break
+            for c in cds:
+                if c.lock_ref > 0:
+                    break
+            else:
+                key = node.key
+                plain = lean and not key.is_bigram and key.limit is None
+                start = depth - (len(key.token_ids) if plain else len(key))
+                self.victims += 1
+                if start < target:  # the last victim: shortened in place
+                    if plain:
+                        self._trim_plain(node, cd, key, value, target - start, target, tracker, frees)
+                    else:
+                        self._trim(node, target, tracker, device_frees)
+                    break
+                parent = node.parent
+                depths.pop(node.id, None)
+                if not lean or cd.host_value is not None:
+                    self._drop_leaf(node, tracker, device_frees, host_frees, cache_actions)
+                else:  # `_drop_leaf` on a leaf without host copy, its LRU lists empty
+                    n = value.shape[0]
+                    frees.append(value)
+                    sizes[FULL] -= n
+                    tracker[FULL] += n
+                    if core._is_tracking_unbacked_tokens and n > 0:
+                        core._tracked_unbacked_tokens += n
+                    leaves.discard(node)
+                    host_leaves.discard(node)
+                    core._remove_leaf_from_parent(node)
+                    core._update_evictable_leaf_sets(parent)
+                    if parent is not root and not parent.children and parent.component_data[FULL].value is None:
+                        core._iteratively_delete_tombstone_leaf(node, tracker, device_frees, host_frees,
+                                                                cache_actions)
+                node = parent
+                depth = start
+                continue
+            break  # locked
+        return tracker[FULL] - before
+
+    def _trim_plain(self, node, cd, key, value, keep: int, depth: int, tracker, frees) -> None:
+        """`_trim` of a plain key (no bigrams, no limit) on the plain ledger: the same steps."""
+        n = value.shape[0]
+        head, tail = value.tensor_split((keep,))
+        frees.append(tail)
+        cd.value = head
+        node.key = type(key)(key.token_ids[:keep], key.extra_key, cache_salt=key.cache_salt)
+        freed = n - keep
+        self.tree_core.component_evictable_size_[FULL] -= freed
+        tracker[FULL] += freed
+        self._depths[node.id] = depth
+        self._leaf_seq += 1
+        cd.metadata[LEAF] = self._leaf_seq
+        if keep < KEY_TOKENS:
+            up = node.parent
+            if up is self.tree_core.root_node or len(up.children) != 1:
+                self._keys.pop(node.id, None)
+        self._changed[node] = None
+        node.last_access_time = get_and_increase_time_counter()
+
+    def cut_now(self, view, leaf, target: int) -> int:
+        """For a walk of a whole-call step on a tree that trims (`removes_now`): cuts `leaf`'s
+        trajectory to `target` at once (`cut_to`'s victims, removed as `_cut_tail` does) instead of
+        yielding the victims; what it freed."""
+        return self._cut_tail(view, leaf, target, *self._io)
+
+    def drop_now(self, leaf) -> int:
+        """For a walk of a whole-call step on a tree that trims (`removes_now`): deletes the
+        evictable leaf at once (`_drop_leaf`) instead of yielding it; what it freed."""
+        tracker = self._io[0]
+        before = tracker[FULL]
+        self.victims += 1
+        self._depths.pop(leaf.id, None)
+        self._drop_leaf(leaf, *self._io)
+        return tracker[FULL] - before
+
+    @property
+    def removes_now(self) -> bool:
+        """A walk may remove its victims itself (`cut_now`, `drop_now`): this call runs in one step."""
+        return self._io is not None
 
     def _remove(self, victim, tracker, device_frees, host_frees, cache_actions) -> int:
         """Removes a victim of the walk in this step: a leaf (SGLang's own deletion) or a `Trim`."""
