@@ -101,27 +101,28 @@ class Captures:
             node = self.index.node_after(tr.hashes, depth // self.block_size)  # registered by Memory.place
             if node.snapshot is not None:
                 continue
-            if self.ensure(0, 1):
-                snap = self.index.attach_snapshot(node, self.slots.allocate_one(), b.uid, now)
-                snap.level = tr.level
-            elif mine and keep_deepest:
+            snap = self._new(b, node, now)
+            if snap is None:
+                if not (mine and keep_deepest):
+                    continue
                 snap = mine.pop(0)
                 self.index.move_pending(snap, node)
-            else:
-                continue
             mine.append(snap)
         out.extend((s.depth - start, s.slot) for s in mine)
 
     def at(self, b: Branch, depth: int, start: int, now: float, out: list[tuple[int, int]]) -> None:
         """A pending snapshot at `depth` written by this row, unless one exists or no slot can be had."""
-        tr = b.sched
-        node = self.index.node_after(tr.hashes, depth // self.block_size)  # registered by Memory.place
-        if node.snapshot is not None or not self.ensure(0, 1):
-            return
-        slot = self.slots.allocate_one()
-        snap = self.index.attach_snapshot(node, slot, b.uid, now)
-        snap.level = tr.level
-        out.append((depth - start, slot))
+        node = self.index.node_after(b.sched.hashes, depth // self.block_size)  # registered by Memory.place
+        if node.snapshot is None and (snap := self._new(b, node, now)) is not None:
+            out.append((depth - start, snap.slot))
+
+    def _new(self, b: Branch, node, now: float) -> Snapshot | None:
+        """A pending snapshot at the end of `node` that `b`'s row writes; None where no slot can be had."""
+        if not self.ensure(0, 1):
+            return None
+        snap = self.index.attach_snapshot(node, self.slots.allocate_one(), b.uid, now)
+        snap.level = b.sched.level
+        return snap
 
     def keep_end(self, b: Branch) -> None:
         """A finishing branch: its rolling slot (boundary mode) or its working slot (branch mode)
