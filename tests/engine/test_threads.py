@@ -3,6 +3,8 @@ count is picked, re-checked every `recheck` calls, and torch's count is restored
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -150,3 +152,42 @@ def test_host_memory_settings_apply_once_and_can_be_left_alone(monkeypatch):
     expected = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert host_memory.keep_freed_blocks() is expected
     assert host_memory.keep_freed_blocks() is expected   # once: the cached answer
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_glibc_defaults_returns_a_freed_large_block_and_restores_the_setting(monkeypatch):
+    """Inside `glibc_defaults()` a freed 256 MB block goes back to the system (mapped, or trimmed on
+    exit), where under the kept-heap setting it stays in the process; the setting is back afterwards."""
+    import platform
+
+    from radixflow.engine.models import host_memory
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        with host_memory.glibc_defaults():   # off glibc: a no-op that still runs its body
+            pass
+        return
+    monkeypatch.delenv("RADIXFLOW_MALLOC", raising=False)
+    monkeypatch.setattr(host_memory, "_applied", None)
+    assert host_memory.keep_freed_blocks()
+    n = 64 << 20   # 256 MB of float32, under the kept setting's 1 GB mmap threshold
+
+    def grown(ctx) -> int:
+        before = _rss_bytes()
+        with ctx:
+            x = torch.ones(n)
+            del x
+        return _rss_bytes() - before
+
+    host_memory.release_freed()
+    kept = grown(contextlib.nullcontext())
+    host_memory.release_freed()
+    lifted = grown(host_memory.glibc_defaults())
+    assert kept > (n * 4) // 2, kept            # the heap kept the freed block
+    assert lifted < (n * 4) // 8, lifted        # returned
+    again = grown(contextlib.nullcontext())     # the setting is back: kept again
+    host_memory.release_freed()
+    assert again > (n * 4) // 2, again
