@@ -191,3 +191,33 @@ def test_glibc_defaults_returns_a_freed_large_block_and_restores_the_setting(mon
     again = grown(contextlib.nullcontext())     # the setting is back: kept again
     host_memory.release_freed()
     assert again > (n * 4) // 2, again
+
+
+def test_split_heads_covers_every_head_once_and_restores_the_count(two_threads):
+    seen: list[tuple[int, int, int, bool]] = []
+
+    def part(lo: int, hi: int) -> None:
+        seen.append((lo, hi, torch.get_num_threads(), torch.is_inference_mode_enabled()))
+
+    with torch.inference_mode():
+        threads.split_heads(5, part)
+    assert sorted((lo, hi) for lo, hi, _, _ in seen) == [(0, 2), (2, 5)]
+    assert all(n == 1 and inf for _, _, n, inf in seen)   # one torch thread each, the caller's mode
+    assert torch.get_num_threads() == 2
+    seen.clear()
+    threads.split_heads(1, part)                           # one head: run directly
+    assert [(lo, hi) for lo, hi, _, _ in seen] == [(0, 1)] and seen[0][2] == 2
+    assert threads.head_ranges(16, 3) == [(0, 5), (5, 10), (10, 16)]
+
+
+def test_split_heads_raises_a_worker_error_after_every_part_ends(two_threads):
+    done = []
+
+    def part(lo: int, hi: int) -> None:
+        if lo > 0:
+            raise ValueError("bad head range")
+        done.append(lo)
+
+    with pytest.raises(ValueError, match="bad head range"):
+        threads.split_heads(4, part)
+    assert done == [0] and torch.get_num_threads() == 2
