@@ -221,3 +221,28 @@ def test_split_heads_raises_a_worker_error_after_every_part_ends(two_threads):
     with pytest.raises(ValueError, match="bad head range"):
         threads.split_heads(4, part)
     assert done == [0] and torch.get_num_threads() == 2
+
+
+def test_scans_flush_denormals_on_every_thread_and_clear_it_after(two_threads):
+    """Inside run_scan (and on each split worker) a float32 denormal product is flushed to zero; outside
+    it is not: the flag never stays on for other code."""
+    tiny = torch.tensor([1e-39])
+    if not torch.set_flush_denormal(True):   # a CPU without FTZ/DAZ: the scans run as before
+        return
+    torch.set_flush_denormal(False)
+    seen: list[float] = []
+
+    def part(lo: int, hi: int) -> None:
+        seen.append(float((tiny * 1.0)[0]))
+
+    saved = threads.SCAN_THREADS
+    try:
+        configure("2")
+        threads.run_scan(("t", 1, 1), lambda: threads.split_heads(2, part))
+    finally:
+        threads.SCAN_THREADS = saved
+    assert seen == [0.0, 0.0]                       # caller's thread and the worker
+    assert float((tiny * 1.0)[0]) > 0.0              # cleared after
+    seen.clear()
+    threads.split_heads(1, part)                     # outside a scan, one range: the caller's setting
+    assert seen[0] > 0.0
