@@ -3,6 +3,8 @@ count is picked, re-checked every `recheck` calls, and torch's count is restored
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -150,3 +152,97 @@ def test_host_memory_settings_apply_once_and_can_be_left_alone(monkeypatch):
     expected = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert host_memory.keep_freed_blocks() is expected
     assert host_memory.keep_freed_blocks() is expected   # once: the cached answer
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_glibc_defaults_returns_a_freed_large_block_and_restores_the_setting(monkeypatch):
+    """Inside `glibc_defaults()` a freed 256 MB block goes back to the system (mapped, or trimmed on
+    exit), where under the kept-heap setting it stays in the process; the setting is back afterwards."""
+    import platform
+
+    from radixflow.engine.models import host_memory
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        with host_memory.glibc_defaults():   # off glibc: a no-op that still runs its body
+            pass
+        return
+    monkeypatch.delenv("RADIXFLOW_MALLOC", raising=False)
+    monkeypatch.setattr(host_memory, "_applied", None)
+    assert host_memory.keep_freed_blocks()
+    n = 64 << 20   # 256 MB of float32, under the kept setting's 1 GB mmap threshold
+
+    def grown(ctx) -> int:
+        before = _rss_bytes()
+        with ctx:
+            x = torch.ones(n)
+            del x
+        return _rss_bytes() - before
+
+    host_memory.release_freed()
+    kept = grown(contextlib.nullcontext())
+    host_memory.release_freed()
+    lifted = grown(host_memory.glibc_defaults())
+    assert kept > (n * 4) // 2, kept            # the heap kept the freed block
+    assert lifted < (n * 4) // 8, lifted        # returned
+    again = grown(contextlib.nullcontext())     # the setting is back: kept again
+    host_memory.release_freed()
+    assert again > (n * 4) // 2, again
+
+
+def test_split_heads_covers_every_head_once_and_restores_the_count(two_threads):
+    seen: list[tuple[int, int, int, bool]] = []
+
+    def part(lo: int, hi: int) -> None:
+        seen.append((lo, hi, torch.get_num_threads(), torch.is_inference_mode_enabled()))
+
+    with torch.inference_mode():
+        threads.split_heads(5, part)
+    assert sorted((lo, hi) for lo, hi, _, _ in seen) == [(0, 2), (2, 5)]
+    assert all(n == 1 and inf for _, _, n, inf in seen)   # one torch thread each, the caller's mode
+    assert torch.get_num_threads() == 2
+    seen.clear()
+    threads.split_heads(1, part)                           # one head: run directly
+    assert [(lo, hi) for lo, hi, _, _ in seen] == [(0, 1)] and seen[0][2] == 2
+    assert threads.head_ranges(16, 3) == [(0, 5), (5, 10), (10, 16)]
+
+
+def test_split_heads_raises_a_worker_error_after_every_part_ends(two_threads):
+    done = []
+
+    def part(lo: int, hi: int) -> None:
+        if lo > 0:
+            raise ValueError("bad head range")
+        done.append(lo)
+
+    with pytest.raises(ValueError, match="bad head range"):
+        threads.split_heads(4, part)
+    assert done == [0] and torch.get_num_threads() == 2
+
+
+def test_scans_flush_denormals_on_every_thread_and_clear_it_after(two_threads):
+    """Inside run_scan (and on each split worker) a float32 denormal product is flushed to zero; outside
+    it is not: the flag never stays on for other code."""
+    tiny = torch.tensor([1e-39])
+    if not torch.set_flush_denormal(True):   # a CPU without FTZ/DAZ: the scans run as before
+        return
+    torch.set_flush_denormal(False)
+    seen: list[float] = []
+
+    def part(lo: int, hi: int) -> None:
+        seen.append(float((tiny * 1.0)[0]))
+
+    saved = threads.SCAN_THREADS
+    try:
+        configure("2")
+        threads.run_scan(("t", 1, 1), lambda: threads.split_heads(2, part))
+    finally:
+        threads.SCAN_THREADS = saved
+    assert seen == [0.0, 0.0]                       # caller's thread and the worker
+    assert float((tiny * 1.0)[0]) > 0.0              # cleared after
+    seen.clear()
+    threads.split_heads(1, part)                     # outside a scan, one range: the caller's setting
+    assert seen[0] > 0.0

@@ -66,6 +66,10 @@ class ChunkPlan:
         """The sequential scan calls the folded rows add (more steps, or steps split into runs)."""
         return len(self.steps) - self.base_calls
 
+    def prepare(self) -> None:
+        """Build the lazily made parts now (before several threads run scans over the one plan)."""
+        _ = self.row_index, self.runs
+
     @cached_property
     def row_index(self) -> torch.Tensor:
         """`rows` as a tensor (built once per plan, not once per recurrent layer)."""

@@ -25,7 +25,7 @@ from .batch import BatchContext, Level
 from .cache import ModelCache
 from .chunk_plan import ChunkPlan, blocked_scan
 from .states import initial_states, save_states
-from .threads import run_scan, shape_class
+from .threads import run_scan, shape_class, split_heads
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -42,7 +42,15 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                 if level.decode_rows:
                     _decode(args, init, level, pool, out)
                 if level.prefill_rows:
-                    _prefill(args, init, level.scan_plan(chunk), pool, out)
+                    plan = level.scan_plan(chunk)
+                    if plan.timer is not None or q.is_cuda:   # the fold's own calls timed: one thread
+                        _prefill(args, init, plan, pool, out)
+                        continue
+                    plan.prepare()   # its lazily built parts made before the threads share it
+
+                    def part(lo: int, hi: int, plan: ChunkPlan = plan) -> None:
+                        _prefill([t[:, lo:hi] for t in args], init[:, lo:hi], plan, pool[:, lo:hi], out[:, lo:hi])
+                    split_heads(v.shape[1], part)   # heads in parallel ranges (threads.py)
 
     run_scan(shape_class("gdn", q.shape[0], len(batch.rows)), scan, q.is_cuda)
     return out
@@ -126,7 +134,9 @@ def _solve_unit_lower(a: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     """(I + A) X = rhs for the strictly lower A of `a` (upper=False ignores what is above the diagonal,
     unitriangular=True takes the diagonal as 1), batched over the chunks. On CPU with one thread: torch
     runs the batch as one LAPACK trsm per C x C matrix, and a multi-threaded MKL starts its threads for
-    each of these tiny calls (docs/engine_speed.md: ~40x slower on 2 cores than on one)."""
+    each of these tiny calls (docs/engine_speed.md: ~40x slower on 2 cores than on one). (Solving into
+    a slice of z with `out=` was tried: torch then solves in a column-major copy and copies it back,
+    x0.7 on one layer.)"""
     threads = torch.get_num_threads()
     if a.is_cuda or threads == 1:
         return torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)

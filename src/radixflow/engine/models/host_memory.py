@@ -11,15 +11,24 @@ so each use faults its pages in again, one 4 KB page at a time, zeroed by the ke
 one is reused by the next, and the trim threshold to 2 GB, so the heap's free top is not returned to
 the system after every forward. The process keeps up to that much freed memory, as a caching allocator
 would. Set RADIXFLOW_MALLOC=default to leave glibc's settings alone; a no-op off glibc.
+
+`glibc_defaults()` lifts the setting for a stretch of code that allocates differently (another
+system's forward in the same process, e.g. benchmarks/engine_peers.py's transformers and llama.cpp):
+blocks above glibc's largest adaptive mmap threshold (32 MB) are mapped and unmapped again, as in a
+process that never applied the setting, and on exit the freed heap is returned (`malloc_trim`) before
+the setting is put back. A 16-row transformers decode cache (7.5 GB, per-layer `cat`s a few KB larger
+than the blocks they free) grows a kept heap by a cache's size a step; mapped, it does not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3      # glibc's malloc.h
+DEFAULT_MMAP_MAX = 32 << 20                        # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 MMAP_THRESHOLD = 1 << 30
 TRIM_THRESHOLD = (1 << 31) - 1                    # mallopt takes an int
 _applied: bool | None = None
@@ -33,14 +42,50 @@ def keep_freed_blocks() -> bool:
     return _applied
 
 
+@contextlib.contextmanager
+def glibc_defaults():
+    """Within: glibc's own large-block behaviour (blocks > 32 MB mapped, a freed heap top over 64 MB
+    returned); on exit the freed heap is trimmed and the setting, if it was in force, restored."""
+    libc = _libc()
+    if libc is None:
+        yield
+        return
+    if _applied:
+        _set(libc, DEFAULT_MMAP_MAX, 2 * DEFAULT_MMAP_MAX)
+    try:
+        yield
+    finally:
+        libc.malloc_trim(0)
+        if _applied:
+            _set(libc, MMAP_THRESHOLD, TRIM_THRESHOLD)
+
+
+def release_freed() -> None:
+    """Return the heap's free pages to the system (`malloc_trim(0)`); a no-op off glibc."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def _libc():
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def _set(libc, mmap_threshold: int, trim_threshold: int) -> bool:
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(libc.mallopt(_M_TRIM_THRESHOLD,
+                                                                                       trim_threshold))
+
+
 def _apply() -> bool:
     if os.environ.get("RADIXFLOW_MALLOC", "").strip().lower() == "default":
         return False
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    libc = _libc()
+    return libc is not None and _set(libc, MMAP_THRESHOLD, TRIM_THRESHOLD)

@@ -20,7 +20,7 @@ from .batch import BatchContext, Level
 from .cache import ModelCache
 from .chunk_plan import ChunkPlan, blocked_scan
 from .states import initial_states, save_states
-from .threads import run_scan, shape_class
+from .threads import run_scan, shape_class, split_heads
 
 
 def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a_log_neg: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
@@ -34,13 +34,25 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a_log_neg: torch.Tensor, b: torc
     args = [xdt, decay, b.float(), c.float()]
     out = x.new_empty(x.shape, dtype=torch.float32)
 
+    per_group = x.shape[1] // groups
+
     def scan() -> None:
         for level in batch.levels:
             with level.timed():
                 if level.decode_rows:
                     _decode(args, init, level, pool, out, groups)
                 if level.prefill_rows:
-                    _prefill(args, init, level.scan_plan(chunk), pool, out, groups)
+                    plan = level.scan_plan(chunk)
+                    if plan.timer is not None or x.is_cuda:   # the fold's own calls timed: one thread
+                        _prefill(args, init, plan, pool, out, groups)
+                        continue
+                    plan.prepare()   # its lazily built parts made before the threads share it
+
+                    def part(lo: int, hi: int, plan: ChunkPlan = plan) -> None:   # groups lo..hi-1
+                        h0, h1 = lo * per_group, hi * per_group
+                        sub = [args[0][:, h0:h1], args[1][:, h0:h1], args[2][:, lo:hi], args[3][:, lo:hi]]
+                        _prefill(sub, init[:, h0:h1], plan, pool[:, h0:h1], out[:, h0:h1], hi - lo)
+                    split_heads(groups, part)   # groups of heads in parallel ranges (threads.py)
 
     run_scan(shape_class("ssd", x.shape[0], len(batch.rows)), scan, x.is_cuda)
     return out
@@ -96,8 +108,12 @@ def _intra_chunk(xdt, decay, b, c, y):
     seg = (cum[..., :, None] - cum[..., None, :]).masked_fill_(~lower, float("-inf")).exp_()
     cb = (c @ b.transpose(-1, -2))[:, :, None]                          # [M, G, 1, C, C]
     y_intra = seg.mul_(cb) @ xdt
-    weights = (cum[..., -1:] - cum).exp()[..., None]
-    d_state = (xdt * weights).transpose(-1, -2) @ b[:, :, None]         # [M, G, Hg, P, S]
+    # the state's increment per chunk: one product per group over all its heads ([Hg * P, C] x [C, S]),
+    # the decayed inputs written head-inner so that no copy of B per head is made
+    m, g, hg, _, p = xdt.shape
+    xw = xdt.new_empty(m, g, clen, hg, p)
+    torch.mul(xdt, (cum[..., -1:] - cum).exp()[..., None], out=xw.permute(0, 1, 3, 2, 4))
+    d_state = (xw.view(m, g, clen, hg * p).transpose(-1, -2) @ b).view(m, g, hg, p, -1)   # [M, G, Hg, P, S]
     return y_intra, d_state, cum.exp(), cum[..., -1].exp(), c, y
 
 

@@ -11,12 +11,31 @@ count is set around `fn` only and the caller's is restored afterwards, even when
 
 `configure("auto" | "1" | N)` sets the policy the models use (`SCAN_THREADS`): "auto" measures,
 a number fixes the scan's thread count (benchmarks/engine_prefill.py --scan-threads).
+
+How a scan uses k > 1 threads (`split_heads`): not as k-thread kernels (each of the scan's hundreds of
+small kernels is then a parallel region whose threads meet at a barrier; docs/engine_speed.md measured
+[240 x 64 x 128] x [128 x 128] batched products at 132 GFLOP/s on one thread and 32 on two of a loaded
+2-core machine), but as k independent scans over disjoint ranges of heads (heads never interact in
+these recurrences), each on its own Python thread with torch at one thread, joined once at the end.
+Every head's arithmetic is the same kernel calls on fewer batch entries, so outputs do not depend on k.
+
+Denormal floats (`flush_denormals`): the scans multiply by decays exp(G) of cumulative log-gates, which
+on real models reach exp(-87..-103), the float32 denormal range; a product with a denormal operand takes
+a microcode assist (~100x a normal one) on x86. The scans therefore run with denormals flushed to zero
+(FTZ/DAZ, `torch.set_flush_denormal`) on every thread that runs them: a value below 1.2e-38 becomes 0,
+which no output of these models can show (qwen3.5-0.8b, 4 layers, case (b): the logits bit-identical,
+the forward x1.42 on one thread). The MXCSR flag is per thread: set and cleared around the scan on the
+caller's thread and on each split worker, never left on for other code (torch has no getter: it is
+cleared to torch's default, off).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -127,8 +146,83 @@ def configure(mode: str | int) -> ScanThreads:
     return SCAN_THREADS
 
 
+@contextmanager
+def flush_denormals() -> Iterator[None]:
+    """Denormal floats flushed to zero on this thread inside (x86 FTZ/DAZ; a no-op where torch cannot
+    set them), cleared again on exit."""
+    if not torch.set_flush_denormal(True):
+        yield
+        return
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def run_scan(key: Hashable, fn: Callable[[], T], cuda: bool = False) -> T:
-    """fn() under the configured policy (models call this around their scan; CPU threads only)."""
-    if cuda or (torch.get_num_threads() == 1 and SCAN_THREADS.fixed in (None, 1)):
+    """fn() under the configured policy (models call this around their scan; CPU threads only), with
+    denormals flushed to zero on CPU."""
+    if cuda:
         return fn()
-    return SCAN_THREADS.run(key, fn)
+    with flush_denormals():
+        if torch.get_num_threads() == 1 and SCAN_THREADS.fixed in (None, 1):
+            return fn()
+        return SCAN_THREADS.run(key, fn)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _workers(n: int) -> ThreadPoolExecutor:
+    """A process-wide pool with at least n worker threads (kept: threads are made once)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < n:
+            old, _POOL = _POOL, ThreadPoolExecutor(max_workers=n, thread_name_prefix="radixflow-scan")
+            if old is not None:
+                old.shutdown(wait=False)
+        return _POOL
+
+
+def head_ranges(heads: int, parts: int) -> list[tuple[int, int]]:
+    """`heads` cut into `parts` contiguous ranges (at most one per head), sizes differing by at most 1."""
+    parts = max(1, min(parts, heads))
+    cuts = [heads * i // parts for i in range(parts + 1)]
+    return [(cuts[i], cuts[i + 1]) for i in range(parts)]
+
+
+def split_heads(heads: int, fn: Callable[[int, int], None]) -> None:
+    """fn(lo, hi) over `heads` cut into as many ranges as torch's current thread count (the scan's
+    policy set it: `run_scan`), run at once, each on its own thread with torch at one thread (the
+    workers with denormals flushed, as `run_scan` has the caller's thread); the caller's thread runs
+    the first range. Returns when every range is done; raises the first error.
+    With one thread (or one head) fn(0, heads) runs directly."""
+    k = min(torch.get_num_threads(), heads)
+    if k <= 1:
+        fn(0, heads)
+        return
+    ranges = head_ranges(heads, k)
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+    def worker(lo: int, hi: int) -> None:   # the caller's thread-local modes, on the worker's thread
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad), flush_denormals():
+            fn(lo, hi)
+
+    torch.set_num_threads(1)   # the workers' torch (and MKL) run single-threaded too: the setting is global
+    try:
+        pool = _workers(k - 1)
+        futures = [pool.submit(worker, lo, hi) for lo, hi in ranges[1:]]
+        try:
+            fn(*ranges[0])
+        finally:
+            errors = []
+            for f in futures:   # every range finished before the thread count is put back
+                try:
+                    f.result()
+                except BaseException as e:   # noqa: BLE001 - re-raised below
+                    errors.append(e)
+        if errors:
+            raise errors[0]
+    finally:
+        torch.set_num_threads(k)
