@@ -208,6 +208,14 @@ def test_split_heads_covers_every_head_once_and_restores_the_count(two_threads):
     threads.split_heads(1, part)                           # one head: run directly
     assert [(lo, hi) for lo, hi, _, _ in seen] == [(0, 1)] and seen[0][2] == 2
     assert threads.head_ranges(16, 3) == [(0, 5), (5, 10), (10, 16)]
+    torch.set_num_threads(3)   # more threads than heads: two ranges, the caller's 3 put back
+    try:
+        seen.clear()
+        threads.split_heads(2, part)
+        assert sorted((lo, hi) for lo, hi, _, _ in seen) == [(0, 1), (1, 2)]
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(2)
 
 
 def test_split_heads_raises_a_worker_error_after_every_part_ends(two_threads):

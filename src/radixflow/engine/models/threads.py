@@ -198,7 +198,8 @@ def split_heads(heads: int, fn: Callable[[int, int], None]) -> None:
     workers with denormals flushed, as `run_scan` has the caller's thread); the caller's thread runs
     the first range. Returns when every range is done; raises the first error.
     With one thread (or one head) fn(0, heads) runs directly."""
-    k = min(torch.get_num_threads(), heads)
+    threads = torch.get_num_threads()
+    k = min(threads, heads)
     if k <= 1:
         fn(0, heads)
         return
@@ -225,4 +226,4 @@ def split_heads(heads: int, fn: Callable[[int, int], None]) -> None:
         if errors:
             raise errors[0]
     finally:
-        torch.set_num_threads(k)
+        torch.set_num_threads(threads)   # the caller's count, also where it exceeds the heads
