@@ -283,6 +283,7 @@ def bench_arms(name: str, questions: int, repeat: int, arms: list[str]) -> None:
                     eng = Engine(replace(base, policy=policy, scheduler=replace(cfg, handoff=mode)), loaded=loaded)
                     parts.append(measure(policy, run_trace(eng.scheduler, eng.executor, fresh_copies(brs))))
                     fold += eng.executor.fold_time
+                    del eng   # its pools go before the next part's are allocated
             finally:
                 batch_mod.FOLD = folded_mode
             r = merge(policy, parts)

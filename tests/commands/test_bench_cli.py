@@ -90,3 +90,25 @@ def test_bench_handoff_compare_refuses_bad_modes_and_handoff_beside_it(tmp_path,
     assert "argument --handoff-compare: unknown mode(s) sometimes" in capsys.readouterr().err
     assert main(["bench", "--handoff-compare", "off,on", "--handoff", "on"]) == 2
     assert "--handoff on" in capsys.readouterr().err
+
+
+def test_bench_frees_each_parts_pools_before_the_next(tmp_path, monkeypatch):
+    """Every workload part's engine builds its own KV / state pools: the previous part's must be gone
+    by then (at real size, two 6 GiB pools alive at once took `bench` to 18 GB)."""
+    import weakref
+
+    from radixflow.engine import engine as engine_mod
+
+    caches = []
+
+    class Tracked(engine_mod.Engine):
+        def __init__(self, *args, **kwargs):
+            alive = sum(r() is not None for r in caches)
+            assert alive == 0, f"{alive} earlier part's cache(s) still alive at the next Engine"
+            super().__init__(*args, **kwargs)
+            caches.append(weakref.ref(self.executor.cache))
+
+    monkeypatch.setattr(engine_mod, "Engine", Tracked)
+    arms = _bench(tmp_path, "tiny-qwen3.5", "radix", "--handoff-compare", "off,auto")
+    assert set(arms) == {"radix handoff=off", "radix handoff=auto"}
+    assert len(caches) == 2   # one engine per (arm, part): two arms of one part here

@@ -193,6 +193,9 @@ def run(args) -> int:
                     log += cal.log[since:]
                     levels_log += cal.levels_log[since_levels:]
                     fold_log += cal.fold_log[since_folds:]
+                # this part's pools go before the next part's are allocated (else two at once: at real
+                # size two 6 GiB pools took the process to 18 GB)
+                del eng
             results.append(merge(label, parts))
             handoff_info.append(_handoff_info(mode, choices, log, cal, levels_log,
                                               (fold_calls, fold_time, fold_measured, fold_wall), fold_log))

@@ -76,21 +76,29 @@ class Rotary:
         self.inv_freq = 1.0 / (theta ** exps)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [N, 1, rot_dim] (broadcast over heads), fp32."""
+        """cos, sin of shape [N, 1, rot_dim // 2] (broadcast over heads), fp32: one angle per channel
+        pair (the pairs are the channel halves, so the full-width table would repeat itself)."""
         freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        return emb.cos(), emb.sin()
+        freqs = freqs[:, None, :]
+        return freqs.cos(), freqs.sin()
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate x [N, heads, head_dim] by its token's angle (channel halves paired, not interleaved)."""
+        """Rotate x [N, heads, head_dim] by its token's angle (channel halves paired, not interleaved):
+        (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), written straight into the output (two
+        products a half, no concatenated copies); channels past rot_dim are copied unchanged."""
         d = self.rot_dim
         if d == 0:
             return x
-        rot, rest = x[..., :d], x[..., d:]
         half = d // 2
-        rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-        out = (rot.float() * cos + rotated.float() * sin).to(x.dtype)
-        return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+        xf = x.float()
+        out = torch.empty_like(xf)
+        x1, x2 = xf[..., :half], xf[..., half:d]
+        o1, o2 = out[..., :half], out[..., half:d]
+        torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-1.0)
+        torch.mul(x2, cos, out=o2).addcmul_(x1, sin)
+        if d < x.shape[-1]:
+            out[..., d:] = xf[..., d:]
+        return out.to(x.dtype)
 
 
 class FusedLinears:
