@@ -29,6 +29,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Ba
         dst, src = forks
         k_pool.index_copy_(0, dst, k_pool.index_select(0, src))
         v_pool.index_copy_(0, dst, v_pool.index_select(0, src))
+    if len(batch.rows) == 1 and batch.rows[0].start == 0:
+        # one fresh row (a prompt's prefill): its attention output is the call's, not copied into one
+        return _attend(q, k, v, batch.causal_mask(0), True, scale)
     out = torch.empty_like(q)
     decoded: set[int] = set()
     for a, m, rows in (batch.decode_groups() if DECODE_GROUPS else ()):
@@ -148,7 +151,7 @@ class SelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             cos, sin = batch.extras["rope"]  # type: ignore[misc]
-            q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+            q, k = self.rotary.apply(q, cos, sin, head_major=True), self.rotary.apply(k, cos, sin, head_major=True)
         o = paged_attention(q, k, v, batch, cache, self.kv_index, d ** -0.5).reshape(n, -1)
         if gate is not None:
             o = o * torch.sigmoid(gate.reshape(n, -1))

@@ -17,13 +17,11 @@ hands its rows' states at the dependents' depths.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .batch import BatchContext, Level
 from .cache import ModelCache
-from .chunk_plan import ChunkPlan, blocked_scan
+from .chunk_plan import ChunkPlan, blocked_scan, decay_exp, decay_mask
 from .states import initial_states, save_states
 from .threads import run_scan, shape_class, split_heads
 
@@ -64,7 +62,7 @@ def _decode(args: list[torch.Tensor], init: torch.Tensor, level: Level, pool: to
     idx = level.decode_token_index
     q, k, v, g, beta = (t[idx] for t in args)
     s = level.decode_states(init)                                  # [R, H, dk, dv], this call's own copy
-    s.mul_(g.exp()[..., None, None])
+    s.mul_(decay_exp(g)[..., None, None])
     r, h, dk, dv = s.shape
     flat = s.view(r * h, dk, dv)
     sk = torch.bmm(k.reshape(r * h, 1, dk), flat)                  # k^T S  [R*H, 1, dv]
@@ -108,11 +106,10 @@ def _intra_chunk(q, k, v, g, beta, res):
     chunk size, past test_handoff_calibration's 1.5x bound between chunk sizes: not used.)"""
     c, dv = q.shape[2], v.shape[-1]
     cum = g.cumsum(-1)                                                    # [M, H, C]
-    lower = _lower(c, q.device)
-    gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill_(~lower, float("-inf")).exp_()
+    gamma = decay_mask(cum)
     k_beta = k * beta[..., None]
     a = torch.matmul(k_beta, k.transpose(-1, -2)).mul_(gamma)
-    decay_in = cum.exp()[..., None]
+    decay_in = decay_exp(cum)[..., None]
     z = q.new_empty(*q.shape[:2], 2 * c, dv + k.shape[-1])
     rhs = z[:, :, c:]                     # beta [V, exp(G) K], then overwritten by [0, -Q_dec]
     torch.mul(v, beta[..., None], out=rhs[..., :dv])
@@ -121,13 +118,8 @@ def _intra_chunk(q, k, v, g, beta, res):
     rhs[..., :dv].zero_()
     torch.mul(q, decay_in.neg(), out=rhs[..., dv:])
     qk = torch.matmul(q, k.transpose(-1, -2)).mul_(gamma)
-    k_dec = k * (cum[..., -1:] - cum).exp()[..., None]
-    return z, qk, k_dec, cum[..., -1].exp(), res
-
-
-@functools.lru_cache(maxsize=16)
-def _lower(c: int, device: torch.device) -> torch.Tensor:
-    return torch.ones(c, c, dtype=torch.bool, device=device).tril()
+    k_dec = k * decay_exp(cum[..., -1:] - cum)[..., None]
+    return z, qk, k_dec, decay_exp(cum[..., -1]), res
 
 
 def _solve_unit_lower(a: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:

@@ -151,8 +151,15 @@ class Mamba2Mixer(nn.Module):
         y = ssd_scan(xs, dt, -self.A_log.float().exp(), b.reshape(n, c.n_groups, -1),
                      cc.reshape(n, c.n_groups, -1), batch, cache, self.state_index,
                      unmeasured_chunk("ssd", c.chunk_size, x.device, batch.scan_costs))
-        y = y + self.D.float()[:, None] * xs.float()
-        return self.out_proj(self.norm(y.reshape(n, -1).to(x.dtype), gate))
+        if torch.is_grad_enabled():
+            y = y + self.D.float()[:, None] * xs.float()
+            return self.out_proj(self.norm(y.reshape(n, -1).to(x.dtype), gate))
+        # y is the scan's own fp32 output and gate a slice of this call's projection: skip and norm in place
+        y.add_(self.D.float()[:, None] * xs.float())
+        y = y.reshape(n, -1)
+        if y.dtype == x.dtype:
+            return self.out_proj(self.norm.forward_(y, gate))
+        return self.out_proj(self.norm(y.to(x.dtype), gate))
 
 
 class Block(nn.Module):

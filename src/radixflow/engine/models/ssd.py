@@ -18,7 +18,7 @@ import torch
 
 from .batch import BatchContext, Level
 from .cache import ModelCache
-from .chunk_plan import ChunkPlan, blocked_scan
+from .chunk_plan import ChunkPlan, blocked_scan, decay_exp, decay_mask
 from .states import initial_states, save_states
 from .threads import run_scan, shape_class, split_heads
 
@@ -66,7 +66,7 @@ def _decode(args, init, level: Level, pool, out, groups: int) -> None:
     xdt, decay, b, c = (t[idx] for t in args)
     r, heads, p = xdt.shape
     s = level.decode_states(init)                                  # [R, H, P, S], this call's own copy
-    s.mul_(decay.exp()[..., None, None])
+    s.mul_(decay_exp(decay)[..., None, None])
     sg = s.view(r, groups, heads // groups, p, -1)
     sg.addcmul_(xdt.view(r, groups, heads // groups, p)[..., None], b[:, :, None, None, :])
     out[idx] = torch.matmul(sg, c[:, :, None, :, None]).view(r, heads, p)
@@ -103,23 +103,17 @@ def _intra_chunk(xdt, decay, b, c, y):
     (`y`, the output chunks, passes through to the step)."""
     clen = xdt.shape[3]
     cum = decay.cumsum(-1)
-    lower = _lower(clen, xdt.device)
     # the [M, G, Hg, C, C] decay mask is the scan's largest tensor: made once, then updated in place
-    seg = (cum[..., :, None] - cum[..., None, :]).masked_fill_(~lower, float("-inf")).exp_()
+    seg = decay_mask(cum)
     cb = (c @ b.transpose(-1, -2))[:, :, None]                          # [M, G, 1, C, C]
     y_intra = seg.mul_(cb) @ xdt
     # the state's increment per chunk: one product per group over all its heads ([Hg * P, C] x [C, S]),
     # the decayed inputs written head-inner so that no copy of B per head is made
     m, g, hg, _, p = xdt.shape
     xw = xdt.new_empty(m, g, clen, hg, p)
-    torch.mul(xdt, (cum[..., -1:] - cum).exp()[..., None], out=xw.permute(0, 1, 3, 2, 4))
+    torch.mul(xdt, decay_exp(cum[..., -1:] - cum)[..., None], out=xw.permute(0, 1, 3, 2, 4))
     d_state = (xw.view(m, g, clen, hg * p).transpose(-1, -2) @ b).view(m, g, hg, p, -1)   # [M, G, Hg, P, S]
-    return y_intra, d_state, cum.exp(), cum[..., -1].exp(), c, y
-
-
-@functools.lru_cache(maxsize=16)
-def _lower(c: int, device: torch.device) -> torch.Tensor:
-    return torch.ones(c, c, dtype=torch.bool, device=device).tril()
+    return y_intra, d_state, decay_exp(cum), decay_exp(cum[..., -1]), c, y
 
 
 def _scan_chunk(s, y_intra, d_state, decay_in, decay_chunk, c, y, cs_buf):
