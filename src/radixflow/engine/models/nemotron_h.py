@@ -151,15 +151,11 @@ class Mamba2Mixer(nn.Module):
         y = ssd_scan(xs, dt, -self.A_log.float().exp(), b.reshape(n, c.n_groups, -1),
                      cc.reshape(n, c.n_groups, -1), batch, cache, self.state_index,
                      unmeasured_chunk("ssd", c.chunk_size, x.device, batch.scan_costs))
-        if torch.is_grad_enabled():
-            y = y + self.D.float()[:, None] * xs.float()
-            return self.out_proj(self.norm(y.reshape(n, -1).to(x.dtype), gate))
-        # y is the scan's own fp32 output and gate a slice of this call's projection: skip and norm in place
-        y.add_(self.D.float()[:, None] * xs.float())
-        y = y.reshape(n, -1)
-        if y.dtype == x.dtype:
-            return self.out_proj(self.norm.forward_(y, gate))
-        return self.out_proj(self.norm(y.to(x.dtype), gate))
+        # y is the scan's own fp32 output and gate a slice of this call's projection: without autograd
+        # the D skip and the norm overwrite them (forward_ falls back to forward off fp32 or with grad)
+        skip = self.D.float()[:, None] * xs.float()
+        y = y + skip if torch.is_grad_enabled() else y.add_(skip)
+        return self.out_proj(self.norm.forward_(y.reshape(n, -1).to(x.dtype), gate))
 
 
 class Block(nn.Module):
