@@ -182,22 +182,32 @@ def test_flop_aware_split_keeps_the_suffix_recency(order, monkeypatch):
 
 
 
-def test_adaptive_tail_cut_levels_the_least_recent_and_keeps_the_recent(monkeypatch):
-    """Tails forced on, q = 3/4: a demand is met by levelling the least recently used 3 of 4 histories,
-    each cut to one level, not by dropping one history whole; the most recent one is untouched."""
+@pytest.mark.parametrize("batched", [False, True])
+def test_adaptive_tail_cut_levels_the_least_recent_and_keeps_the_recent(batched, monkeypatch):
+    """Tails forced on, q = 3/4, four 144-token histories at page 4 (levelling unit 16), one call of 96
+    tokens. Exact (batching off): the least recently used 3 of 4 histories levelled to one depth (96),
+    none dropped whole, the most recent untouched. Batched (2 cuts, cut ahead 1.5): 144 tokens asked
+    of the cold share, a chunk of at least 72 (80 in units of 16) per cut, so the two least recent
+    histories lose 80 each and the third cold one keeps all, as does the most recent."""
     from radixflow.integrations.sglang import adaptive
 
+    monkeypatch.setenv("RADIXFLOW_SGLANG_CUTS_PER_CALL", "2" if batched else "0")
+    monkeypatch.setenv("RADIXFLOW_SGLANG_CUT_AHEAD", "1.5" if batched else "1")
     with adaptive.forced(0.75):
         sg = twins.SGLangTwin("radixflow-adaptive", 4096, 4)
     hist = [[7] * 16 + [1000 * (h + 1) + i for i in range(128)] for h in range(4)]
     for toks in hist:
         st = sg.start(toks, 0)
         sg.finish(st, toks)
-    sg.evict(96)
+    freed = sg.evict(96)
     kept = [sg.kept(t) for t in hist]
     assert kept[3] == len(hist[3])  # the most recent: outside the cold share
-    assert all(0 < k < len(hist[0]) for k in kept[:3]) and len(set(kept[:3])) == 1  # levelled, none whole
-    assert sum(len(t) - k for t, k in zip(hist, kept)) >= 96
+    assert sum(len(t) - k for t, k in zip(hist, kept)) == freed
+    if batched:
+        assert freed == 160 and kept == [64, 64, 144, 144]
+    else:
+        assert all(0 < k < len(hist[0]) for k in kept[:3]) and len(set(kept[:3])) == 1  # levelled, none whole
+        assert freed >= 96
     assert sg.cache.components[FULL].tail_calls == 1
     sg.check()
 

@@ -16,6 +16,9 @@ below what they were while the cache ran lru; if they do, lru for `VETO_HOLD` re
 trajectory key, start, private length, `prev_prefix_len` as the real hit, and the budget: the pool
 less what running requests hold and the shared prefixes) and asks it once per evict call. When it
 says lru, the call is SGLang's own `FullComponent` walk, so its decisions are lru's node for node.
+On FULL-only device trees a tail call is batched as rr-tail's are (`cut_target`: about
+`cuts_per_call` cuts freeing `cut_ahead_factor` times the demand, not a unit off every cold history),
+so it costs about what an lru call costs (docs/eviction.md, "Batched tail calls for the adaptive").
 Imports SGLang (through backend.py).
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import heapq
+import itertools
 import os
 from collections import deque
 
@@ -295,13 +299,15 @@ def cold_order() -> str:
 class ColdOrder:
     """The tail rule's cold leaves kept across calls: every evictable leaf's recency key (our stamp,
     then leaf order) in a sorted list, the `q` share with the lowest keys (`cold`, the same count as
-    `leaves[: max(1, int(len(leaves) * q + 0.999))]`) in a heap by (-depth, recency), so that a pass
-    takes its deepest cold leaves in the order a sort of the cold share by depth gives (stable:
-    the least recent first among equal depths) without sorting it. Fed by the component's change
-    feed (leaves joining and leaving SGLang's set, trims, re-stamps): a change costs O(log L) plus
-    the leaves it moves across the cold boundary; a pass O(t log L) for the t leaves it takes."""
+    `leaves[: max(1, int(len(leaves) * q + 0.999))]`) in a second sorted list by (-depth, recency),
+    so that a pass takes its deepest cold leaves in the order a sort of the cold share by depth
+    gives (stable: the least recent first among equal depths) without sorting it. Fed by the
+    component's change feed (leaves joining and leaving SGLang's set, trims, re-stamps): a change
+    costs O(log L) plus the leaves it moves across the cold boundary (and a memmove of the lists);
+    a pass reads its t leaves off the front. Nothing changes the lists during a pass (the feed
+    enters at the next pass's sync), so a pass's `take`s are an index walk."""
 
-    __slots__ = ("rec", "node_at", "key_of", "q", "bound", "cold", "heap", "_uid")
+    __slots__ = ("rec", "node_at", "key_of", "q", "bound", "cold", "deep", "_uid")
 
     def __init__(self) -> None:
         self.rec: list[tuple] = []  # (stamp, leaf order) of every evictable leaf, sorted
@@ -309,8 +315,8 @@ class ColdOrder:
         self.key_of: dict = {}  # leaf -> its key in `rec`
         self.q: float | None = None
         self.bound: tuple | None = None  # the key of the coldest share's warmest leaf
-        self.cold: dict = {}  # cold leaf -> its live heap entry
-        self.heap: list = []
+        self.cold: dict = {}  # cold leaf -> its entry in `deep`
+        self.deep: list = []  # (-depth, stamp, leaf order, uid, leaf) of the cold leaves, sorted
         self._uid = 0
 
     def reset(self) -> None:
@@ -344,7 +350,7 @@ class ColdOrder:
     def set_share(self, view, q: float) -> None:
         if q == self.q:
             return
-        self.q, self.bound, self.cold, self.heap = q, None, {}, []
+        self.q, self.bound, self.cold, self.deep = q, None, {}, []
         self._move_bound(view, ())
 
     def _move_bound(self, view, changed) -> None:
@@ -353,7 +359,7 @@ class ColdOrder:
         new = rec[k - 1] if k else None
         old = self.bound
         if new is None:
-            self.cold, self.heap = {}, []
+            self.cold, self.deep = {}, []
         elif old is None:
             for key in rec[:k]:
                 self._join(view, node_at[key])
@@ -362,7 +368,7 @@ class ColdOrder:
                 self._join(view, node_at[key])
         elif new < old:
             for key in rec[k:bisect.bisect_right(rec, old)]:
-                self.cold.pop(node_at[key], None)
+                self._leave(node_at[key])
         self.bound = new
         key_of = self.key_of
         for n in changed:
@@ -370,43 +376,25 @@ class ColdOrder:
             if key is not None and key <= new:
                 self._join(view, n)
             else:
-                self.cold.pop(n, None)
+                self._leave(n)
 
     def _join(self, view, n) -> None:
+        self._leave(n)
         self._uid += 1
         key = self.key_of[n]
         e = (-view.depth(n), key[0], key[1], self._uid, n)
         self.cold[n] = e
-        heapq.heappush(self.heap, e)
+        bisect.insort(self.deep, e)
 
-    def take(self, taken: list):
-        """The next live cold entry in (-depth, recency) order, off the heap into `taken`; None at
-        the end."""
-        heap, cold = self.heap, self.cold
-        while heap:
-            e = heapq.heappop(heap)
-            if cold.get(e[4]) is e:
-                taken.append(e)
-                return e
-        return None
-
-    def give_back(self, taken: list) -> None:
-        cold, heap = self.cold, self.heap
-        for e in taken:
-            if cold.get(e[4]) is e:
-                heapq.heappush(heap, e)
-        taken.clear()
-
-    def compact(self) -> None:
-        live = self.cold
-        if len(self.heap) > 3 * len(live) // 2 + 32:
-            self.heap[:] = [e for e in self.heap if live.get(e[4]) is e]
-            heapq.heapify(self.heap)
+    def _leave(self, n) -> None:
+        e = self.cold.pop(n, None)
+        if e is not None:
+            deep = self.deep
+            del deep[bisect.bisect_left(deep, e)]
 
     def order(self) -> list:
         """The cold leaves in the order a pass takes them (tests)."""
-        live = self.cold
-        return [e[4] for e in sorted(self.heap) if live.get(e[4]) is e]
+        return [e[4] for e in self.deep]
 
 
 _FORCED: list = []  # cold shares (None: lru) that caches built now hold on every call; the last counts
@@ -597,7 +585,17 @@ class DuelFullComponent(RadixflowFullComponent):
             if self._cold_kept and view.trims and self._plain_lru():
                 return self.kept_lru_walk(need)
             return self.lru_walk(need)
+        if self._whole:  # a batched tail call (as rr-tail's): `cut_ahead` times the demand
+            need = min(int(need * self.cut_ahead), self.tree_core.full_evictable_size())
         return self.cold_level_walk(view, need, self.q)
+
+    def _tail_chunk(self, want: int, unit: int) -> int:
+        """What one cut of a batched tail call takes at least: the pass's demand in about `cuts` cuts
+        (RADIXFLOW_SGLANG_CUTS_PER_CALL), a multiple of the levelling unit; 0 (cut to the water
+        level only) with batching off or where the call does not run in one step."""
+        if not (self.cuts and self._whole):
+            return 0
+        return max(unit, -(-want // (self.cuts * unit)) * unit)
 
     def kept_lru_walk(self, need: int):
         """`lru_walk` over a heap kept across calls: every evictable leaf has an entry keyed by its
@@ -605,14 +603,17 @@ class DuelFullComponent(RadixflowFullComponent):
         grows (a match, an insert walk or a split restamps a node with a fresh count), so an entry's
         key is at most the leaf's time now: one popped with an old key goes back with the new one,
         and the first popped whose key is its time is the least recent leaf, as the walk's fresh
-        heap gives it. A victim's parent enters from the feed before the next pop (SGLang's walk
-        pushes it). A call costs O((changes + victims + restamped) log L), not a heap of every leaf."""
+        heap gives it. A victim's parent enters before the next pop (SGLang's walk pushes it): where
+        the walk removes its victims itself, what joined SGLang's set during the deletion is pushed
+        from the feed without draining it (the kept cold order takes the feed at the next sync);
+        elsewhere the feed is synced after each victim. A call costs O((changes + victims +
+        restamped) log L), not a heap of every leaf."""
         heap, live = self._lru_heap, self._lru_live
-        members = self.tree_core.evictable_device_leaves
         pop, push = heapq.heappop, heapq.heappush
         freed = 0
+        self._sync_cold()
+        members = self.tree_core.evictable_device_leaves
         while freed < need:
-            self._sync_cold()
             while heap:
                 e = pop(heap)
                 x = e[1]
@@ -631,9 +632,18 @@ class DuelFullComponent(RadixflowFullComponent):
                 return
             del live[x]
             if self.removes_now:
+                fresh = members.fresh  # only grows until the next drain: new notes are appended
+                seen = len(fresh)
                 freed += self.drop_now(x)
+                if len(fresh) > seen:
+                    for n in itertools.islice(fresh, seen, None):
+                        if n in members:  # joined (a victim's parent); a victim's own note is a departure
+                            e = live[n] = (n.last_access_time, n)
+                            push(heap, e)
             else:
                 freed += yield x
+                self._sync_cold()
+                members = self.tree_core.evictable_device_leaves
 
     def _plain_lru(self) -> bool:
         """SGLang's FULL priority is its lru's (the node's counter), not a session-aware one."""
@@ -682,7 +692,6 @@ class DuelFullComponent(RadixflowFullComponent):
         changes = view.changes()  # every evictable leaf after a reset (`_orders_reset` ran first)
         members = self.tree_core.evictable_device_leaves
         self._cold.update(view, changes, members, self.next_leaf_seq)
-        self._cold.compact()
         heap, live = self._lru_heap, self._lru_live
         for n in changes:
             if n in members:
@@ -699,8 +708,11 @@ class DuelFullComponent(RadixflowFullComponent):
         """The tail rule: the `q` least recently used evictable leaves (our stamps; ties: the order
         they became leaves), cut from the deepest down to one level (a multiple of the page, and of
         `LEVEL_STEP` tokens where pages are smaller) until `need` tokens are freed; again over the
-        leaves left if one level did not free enough. On FULL-only device trees over the kept
-        `ColdOrder` (`kept_cold_level_walk`), elsewhere by sorting the leaves per pass."""
+        leaves left if one level did not free enough. A batched call (a FULL-only device tree,
+        RADIXFLOW_SGLANG_CUTS_PER_CALL > 0; as rr-tail's) frees `cut_ahead` times its demand and
+        cuts each cold leaf at least a chunk down (`cut_target`), so it makes about `cuts` cuts
+        however flat the cold top is. On FULL-only device trees over the kept `ColdOrder`
+        (`kept_cold_level_walk`), elsewhere by sorting the leaves per pass."""
         unit = max(view.unit, -(-LEVEL_STEP // view.unit) * view.unit)
         if self._cold_kept and view.trims:
             yield from self.kept_cold_level_walk(view, need, q, unit)
@@ -714,11 +726,14 @@ class DuelFullComponent(RadixflowFullComponent):
             cold = leaves[: max(1, int(len(leaves) * q + 0.999))]
             cold.sort(key=depth, reverse=True)  # stable: the least recent first among equal depths
             level = water_level([depth(n) for n in cold], need - freed, unit)
+            chunk = self._tail_chunk(need - freed, unit)
             progressed = False
             for leaf in cold:
-                if depth(leaf) <= level:
+                d = depth(leaf)
+                if d <= level:
                     break
-                got = yield from _cut_cold(view, leaf, level)
+                target = cut_target(d, level, chunk, unit)
+                got = yield from _cut_cold(view, leaf, target)
                 freed += got
                 progressed |= got > 0
                 if freed >= need:
@@ -728,55 +743,49 @@ class DuelFullComponent(RadixflowFullComponent):
 
     def kept_cold_level_walk(self, view, need: int, q: float, unit: int):
         """`cold_level_walk` over the kept `ColdOrder`, the same victims: per pass the cold share
-        as of the pass's start, taken deepest first only as far as the water level and the cuts
-        reach (what a pass changes enters at the next one, as the sorted walk re-sorts then)."""
+        as of the pass's start, read deepest first off `ColdOrder.deep` only as far as the water
+        level and the cuts reach (the list does not change during a pass: what a pass changes
+        enters at the next one's sync, as the sorted walk re-sorts then). Where the walk removes
+        its victims itself, each cold leaf is cut at once (`_cut_tail`)."""
         order, depth = self._cold, view.depth
+        is_leaf, evictable = view.is_leaf, view.evictable
         freed = 0
-        taken: list = []
         while freed < need:
             self._sync_cold()
             order.set_share(view, q)
             if not order.rec:
                 return
-            try:
-                want = need - freed
-                level = i = total = 0
-                cur = order.take(taken)
-                while cur is not None:  # `water_level` over the depths as they are taken
-                    total -= cur[0]
-                    nxt_e = order.take(taken)
-                    nxt = -nxt_e[0] if nxt_e is not None else 0
-                    lv = (total - want) // (i + 1)
-                    if lv >= nxt:
-                        level = max(0, lv // unit * unit)
-                        break
-                    i += 1
-                    cur = nxt_e
-                progressed = False
-                j = 0
-                while True:
-                    if j < len(taken):
-                        e = taken[j]
-                    else:
-                        e = order.take(taken)
-                        if e is None:
-                            break
-                    j += 1
-                    leaf = e[4]
-                    if depth(leaf) <= level:
-                        break
-                    if self.removes_now:
-                        got = self.cut_now(view, leaf, level) if view.is_leaf(leaf) and view.evictable(leaf) else 0
-                    else:
-                        got = yield from _cut_cold(view, leaf, level)
-                    freed += got
-                    progressed |= got > 0
-                    if freed >= need:
-                        return
-                if not progressed:
+            deep = order.deep
+            want = need - freed
+            level = 0
+            total = 0
+            last = len(deep) - 1
+            for i, e in enumerate(deep):  # `water_level` over the cold depths, deepest first
+                total -= e[0]
+                nxt = -deep[i + 1][0] if i < last else 0
+                lv = (total - want) // (i + 1)
+                if lv >= nxt:
+                    level = max(0, lv // unit * unit)
+                    break
+            chunk = self._tail_chunk(want, unit)
+            progressed = False
+            io = self._io
+            for e in deep:
+                leaf = e[4]
+                d = depth(leaf)
+                if d <= level:
+                    break
+                target = cut_target(d, level, chunk, unit)
+                if io is not None:
+                    got = self._cut_tail(view, leaf, target, *io) if is_leaf(leaf) and evictable(leaf) else 0
+                else:
+                    got = yield from _cut_cold(view, leaf, target)
+                freed += got
+                progressed |= got > 0
+                if freed >= need:
                     return
-            finally:
-                order.give_back(taken)
+            if not progressed:
+                return
 
     def _by_recency(self) -> list:
         keyed = []
@@ -832,6 +841,16 @@ def water_level(depths: list[int], need: int, unit: int) -> int:
         if level >= nxt:
             return max(0, level // unit * unit)
     return 0
+
+
+def cut_target(depth: int, level: int, chunk: int, unit: int) -> int:
+    """Where the tail rule cuts a cold leaf ending at `depth` (above the water `level`): at the level,
+    or, in a batched call (`chunk` > 0), at least `chunk` tokens down (a multiple of `unit`), so a
+    flat top of cold histories gives up the call's demand in a few cuts, the least recent first,
+    instead of every one of them shaved by a unit."""
+    if not chunk:
+        return level
+    return min(level, max(0, (depth - chunk) // unit * unit))
 
 
 def _cut_cold(view, leaf, level: int):
