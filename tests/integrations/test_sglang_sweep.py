@@ -6,6 +6,8 @@ never loses to lru there, and with its evidence for lru it is lru's decisions, c
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from sglang_factories import load_twins
 
@@ -102,3 +104,33 @@ def test_adaptive_cuts_the_p99_where_lru_loses_whole_histories():
     assert r["tail_calls"] > 0
     assert max(base["missed"]) > 0.9 * max(r["missed"] + [1])  # lru loses whole histories here
     assert r["p99"] < base["p99"] and not sweep.loses(r, base)
+
+
+def test_few_call_pools_are_timed_over_replays_with_the_same_decisions():
+    """`run_config_timed`: a pool where lru makes fewer than `few` evict calls is replayed; each
+    backend's times are the medians of the replays (between their least and greatest), and the
+    decisions are the same on every replay. A pool with enough calls is run once."""
+    cfg = sweep.sweep_configs(small=True)[0]
+    backends = ("lru", "radixflow-adaptive")
+    once = sweep.run_config(cfg, backends=backends)
+    assert once["lru"]["calls"] > 0
+    seen: list = []
+    real = sweep.run_config
+
+    def spy(c, backends=sweep.SG_SWEEP, check=False):
+        r = real(c, backends, check)
+        seen.append(r)
+        return r
+
+    with mock.patch.object(sweep, "run_config", spy):
+        timed = sweep.run_config_timed(cfg, backends, few=once["lru"]["calls"] + 1, repeats=3)
+        assert len(seen) == 3
+        for b in backends:
+            assert timed[b]["timing_runs"] == 3
+            assert timed[b]["calls"] == once[b]["calls"] and timed[b]["missed"] == once[b]["missed"]
+            for key in ("per_call", "total", "per_request"):
+                vals = sorted(r[b][key] for r in seen)
+                assert timed[b][key] == vals[1]
+        seen.clear()
+        single = sweep.run_config_timed(cfg, backends, few=once["lru"]["calls"], repeats=3)
+        assert len(seen) == 1 and "timing_runs" not in single["lru"]
