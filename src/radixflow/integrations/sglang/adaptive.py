@@ -304,8 +304,8 @@ class ColdOrder:
     gives (stable: the least recent first among equal depths) without sorting it. Fed by the
     component's change feed (leaves joining and leaving SGLang's set, trims, re-stamps): a change
     costs O(log L) plus the leaves it moves across the cold boundary (and a memmove of the lists);
-    a pass reads its t leaves off the front. Nothing changes the lists during a pass (the feed
-    enters at the next pass's sync), so a pass's `take`s are an index walk."""
+    a pass reads its t leaves off the front of `deep`: nothing changes the lists during a pass (the
+    feed enters at the next pass's sync)."""
 
     __slots__ = ("rec", "node_at", "key_of", "q", "bound", "cold", "deep", "_uid")
 

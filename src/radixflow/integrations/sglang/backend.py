@@ -895,12 +895,6 @@ class RadixflowFullComponent(FullComponent):
         self._changed[node] = None
         node.last_access_time = get_and_increase_time_counter()
 
-    def cut_now(self, view, leaf, target: int) -> int:
-        """For a walk of a whole-call step on a tree that trims (`removes_now`): cuts `leaf`'s
-        trajectory to `target` at once (`cut_to`'s victims, removed as `_cut_tail` does) instead of
-        yielding the victims; what it freed."""
-        return self._cut_tail(view, leaf, target, *self._io)
-
     def drop_now(self, leaf) -> int:
         """For a walk of a whole-call step on a tree that trims (`removes_now`): deletes the
         evictable leaf at once (`_drop_leaf`) instead of yielding it; what it freed."""
@@ -913,7 +907,7 @@ class RadixflowFullComponent(FullComponent):
 
     @property
     def removes_now(self) -> bool:
-        """A walk may remove its victims itself (`cut_now`, `drop_now`): this call runs in one step."""
+        """A walk may remove its victims itself (`_cut_tail` with `_io`, `drop_now`): this call runs in one step."""
         return self._io is not None
 
     def _remove(self, victim, tracker, device_frees, host_frees, cache_actions) -> int:
