@@ -708,11 +708,12 @@ class DuelFullComponent(RadixflowFullComponent):
         """The tail rule: the `q` least recently used evictable leaves (our stamps; ties: the order
         they became leaves), cut from the deepest down to one level (a multiple of the page, and of
         `LEVEL_STEP` tokens where pages are smaller) until `need` tokens are freed; again over the
-        leaves left if one level did not free enough. A batched call (a FULL-only device tree,
-        RADIXFLOW_SGLANG_CUTS_PER_CALL > 0; as rr-tail's) frees `cut_ahead` times its demand and
-        cuts each cold leaf at least a chunk down (`cut_target`), so it makes about `cuts` cuts
-        however flat the cold top is. On FULL-only device trees over the kept `ColdOrder`
-        (`kept_cold_level_walk`), elsewhere by sorting the leaves per pass."""
+        leaves left if one level did not free enough. A call that runs in one step (a FULL-only
+        device tree, as rr-tail's) frees `cut_ahead` times its demand (RADIXFLOW_SGLANG_CUT_AHEAD)
+        and, with RADIXFLOW_SGLANG_CUTS_PER_CALL > 0, cuts each cold leaf at least a chunk down
+        (`cut_target`), so it makes about `cuts` cuts however flat the cold top is. On FULL-only
+        device trees over the kept `ColdOrder` (`kept_cold_level_walk`), elsewhere by sorting the
+        leaves per pass."""
         unit = max(view.unit, -(-LEVEL_STEP // view.unit) * view.unit)
         if self._cold_kept and view.trims:
             yield from self.kept_cold_level_walk(view, need, q, unit)

@@ -9,9 +9,10 @@ our own `RadixIndex` runs) over `SGLangTreeView`, a read-only view of SGLang's n
 device tree the component removes the victims itself in one SGLang step per evict call: whole leaves
 by SGLang's `_delete_unbacked_device_leaf` steps without its per-component dispatch (`_drop_leaf`),
 the last one of a cut shortened in place (`_trim`: key and value cut, the suffix's slots freed, the
-ledger moved), and rr-tail's and level-tail's calls are batched there (about `cuts_per_call` cuts
-freeing `cut_ahead_factor` times the demand). Elsewhere (Mamba, SWA) a tail cut splits the leaf with
-SGLang's own `_split_node` (the node keeps the tail, which becomes the victim) and SGLang deletes it.
+ledger moved), and rr-tail's and level-tail's calls (and the adaptive's tail calls) are batched
+there (about `cuts_per_call` cuts freeing `cut_ahead_factor` times the demand). Elsewhere (Mamba,
+SWA) a tail cut splits the leaf with SGLang's own `_split_node` (the node keeps the tail, which
+becomes the victim) and SGLang deletes it.
 rr-tail's rotation and level-tail's depth order are kept across calls (`cache/eviction.py`
 `Rotation`, `DeepestFirst`), fed by `changes()` on every insert and at each call: nodes joining
 SGLang's evictable leaf set (`_LeafSet`), leaves trimmed or given a child, trajectory keys forgotten.
@@ -90,8 +91,9 @@ def flop_order() -> str:
 
 
 def cut_ahead_factor() -> float:
-    """RADIXFLOW_SGLANG_CUT_AHEAD (default 1.5; 1: off): rr-tail / level-tail free this multiple of what
-    an evict call asks for, so fewer calls come (it moves cuts earlier; docs/eviction.md, "Cost")."""
+    """RADIXFLOW_SGLANG_CUT_AHEAD (default 1.5; 1: off): rr-tail / level-tail, and the adaptive's tail
+    calls, free this multiple of what an evict call asks for, so fewer calls come (it moves cuts
+    earlier; docs/eviction.md, "Cost")."""
     raw = os.environ.get("RADIXFLOW_SGLANG_CUT_AHEAD", str(DEFAULT_CUT_AHEAD))
     try:
         f = float(raw)
@@ -104,8 +106,9 @@ def cut_ahead_factor() -> float:
 
 def cuts_per_call() -> int:
     """RADIXFLOW_SGLANG_CUTS_PER_CALL (default 2; 0: off): rr-tail / level-tail cut an evict call's
-    demand in chunks of max(chunk, demand / this), so one call makes about this many cuts however much
-    it asks for (docs/eviction.md, "Cost")."""
+    demand in chunks of max(chunk, demand / this), and the adaptive's tail calls cut each cold history
+    at least demand / this down (`adaptive.cut_target`), so one call makes about this many cuts however
+    much it asks for (docs/eviction.md, "Cost")."""
     raw = os.environ.get("RADIXFLOW_SGLANG_CUTS_PER_CALL", str(DEFAULT_CUTS_PER_CALL))
     try:
         n = int(raw)
