@@ -303,3 +303,119 @@ def test_flop_aware_ties_go_in_insertion_order_not_by_address(policy):
         assert index.evict_pages(1) == 1
         order += [i for i, d in enumerate(docs) if i not in order and cached_len(index, d, "ns") == 0]
     assert order == list(range(40))
+
+
+# ----------------------------------------------------------------------------- the kept rotation
+class _RingView:
+    """What `Rotation` reads of a view: leaves are ints with a key and a leaf order (the int until a
+    cut in place renews it, as the backends do); the leaves a lap changed come back from `changes()`."""
+
+    def __init__(self, keys: dict) -> None:
+        self.keys, self.orders, self.changed = keys, {}, []
+
+    def is_leaf(self, leaf) -> bool:
+        return leaf in self.keys
+
+    def evictable(self, leaf) -> bool:
+        return True
+
+    def trajectory_key(self, leaf):
+        return self.keys[leaf]
+
+    def leaf_order(self, leaf) -> int:
+        return self.orders.get(leaf, leaf)
+
+    def changes(self) -> list:
+        out, self.changed = self.changed, []
+        return out
+
+
+def _ring_lap(view: _RingView, cursor) -> list:
+    """`RoundRobinTail._ring`'s lap: the leaves sorted by (key, leaf order), from just after the
+    cursor key (its ties last), once around."""
+    ring = sorted((k, view.leaf_order(leaf), leaf) for leaf, k in view.keys.items())
+    if cursor is None:
+        return [leaf for _, _, leaf in ring]
+    cut = sum(1 for k, _, _ in ring if k <= cursor)
+    return [leaf for _, _, leaf in ring[cut:] + ring[:cut]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_keys=st.integers(1, 4), steps=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 3),
+                                                           st.integers(0, 2), st.integers(0, 2)),
+                                                 min_size=1, max_size=40))
+def test_kept_rotation_laps_as_the_sorted_ring_with_tied_keys(n_keys, steps):
+    """Many leaves under few keys (sessions that open alike): every lap of `Rotation` visits what
+    the sorted ring would, from just after the cursor key with its ties last, while laps cut, drop,
+    re-key and add leaves."""
+    from radixflow.cache.eviction import Rotation
+
+    keys = {leaf: ("", leaf % n_keys) for leaf in range(12)}
+    view, rot, cursor, nxt = _RingView(keys), Rotation(), None, 12
+    rot.enter(view, list(keys), cursor)
+    for take, drop, rekey, add in steps:
+        want = _ring_lap(view, cursor)[:take]
+        got = []
+        for key, leaf in rot.lap():
+            got.append(leaf)
+            cursor = key
+            if len(got) == take:
+                break
+        assert got == want
+        for leaf in got[:drop]:   # cut whole: the leaf leaves the tree
+            del keys[leaf]
+            view.changed.append(leaf)
+        for leaf in got[drop:drop + rekey]:   # its chain moved: a new key
+            keys[leaf] = ("", (keys[leaf][1] + 1) % n_keys)
+            view.changed.append(leaf)
+        for leaf in got[drop + rekey:]:   # cut in place: a new leaf order
+            view.orders[leaf] = nxt
+            nxt += 1
+            view.changed.append(leaf)
+        for _ in range(add):
+            keys[nxt] = ("", nxt % n_keys)
+            view.changed.append(nxt)
+            nxt += 1
+        rot.close_lap(view, cursor)
+        if not keys:
+            break
+    assert [leaf for _, leaf in rot.order(view)] == _ring_lap(view, cursor)
+
+
+def test_kept_rotation_does_not_move_a_tie_group_at_every_lap(monkeypatch):
+    """Every leaf under one key: a lap that cuts a leaf in place (a new leaf order) and stays on that
+    key moves no other entry (pushes: the visited entry and the re-entered cut leaf), where splitting
+    at the key moved the whole group at every lap."""
+    import heapq
+
+    from radixflow.cache import eviction
+    from radixflow.cache.eviction import Rotation
+
+    keys = {leaf: ("", 0) for leaf in range(200)}
+    view, rot = _RingView(keys), Rotation()
+    rot.enter(view, list(keys), None)
+    key, leaf = next(rot.lap())
+    view.orders[leaf] = 999
+    view.changed.append(leaf)
+    rot.close_lap(view, key)   # the cursor reaches the key: the group moves once
+    pushes = []
+
+    class Counting:
+        heapify = staticmethod(heapq.heapify)
+        heappop = staticmethod(heapq.heappop)
+
+        @staticmethod
+        def heappush(heap, e):
+            pushes.append(e)
+            heapq.heappush(heap, e)
+
+    monkeypatch.setattr(eviction, "heapq", Counting)
+    order = []
+    for i in range(50):
+        key, leaf = next(rot.lap())
+        order.append(leaf)
+        view.orders[leaf] = 1000 + i
+        view.changed.append(leaf)
+        rot.close_lap(view, key)
+    assert order == list(range(1, 51))   # the ties in leaf order, each cut one to the end
+    assert len(pushes) == 2 * 50

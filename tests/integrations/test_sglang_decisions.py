@@ -420,18 +420,18 @@ def test_compaction_drops_superseded_entries_and_keeps_the_orders():
     deep.enter(view, list(keys))
     rot.enter(view, list(keys), ("", 0, (6,)))  # nothing moved: no new entry
     deep.enter(view, list(keys))
-    assert len(rot.ahead) + len(rot.behind) == len(deep.heap) == 40
+    assert len(rot) == len(deep.heap) == 40
     for r in range(3):  # every leaf moved and entered three more times: three superseded entries each
         for i in keys:
             keys[i] = ("", r + 1, (i * 7 % 13,))
             view.depths[i] -= 1
         rot.enter(view, list(keys), ("", 0, (6,)))
         deep.enter(view, list(keys))
-    assert len(rot.ahead) + len(rot.behind) == len(deep.heap) == 160
+    assert len(rot) == len(deep.heap) == 160
     lap, pick = rot.order(view), deep.deepest(view)  # (deepest pops the superseded entries on top)
     rot.compact()
     deep.compact()
-    assert len(rot.ahead) + len(rot.behind) == len(deep.heap) == 40
+    assert len(rot) == len(deep.heap) == 40
     assert rot.order(view) == lap and deep.deepest(view) == pick
 
 

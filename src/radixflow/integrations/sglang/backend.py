@@ -790,7 +790,7 @@ class RadixflowFullComponent(FullComponent):
             progressed = False
             visited = rot.visited = []
             try:
-                for phase, heap in enumerate((rot.ahead, rot.behind)):
+                for phase, heap in enumerate(rot.laps()):
                     rot._phase = phase
                     while heap:
                         e = pop(heap)
