@@ -17,14 +17,16 @@ to an F32 GGUF (benchmarks/llamacpp_convert.py) with an F32 KV cache: (a) one se
 rows as 16 sequences of one batch (parents copied into the resuming ones with seq_cp), (c) 16 sequences
 copied from one prefilled prompt, one token each. Only the last position's logits are computed.
 
-Timing: for each case the three systems run interleaved, `--repeats` times (default 3), after one
-small untimed warm-up per model; tokens/s is from the median. Setup (parents' prefill, cache copies)
-is never timed. Same-model proof: top-1 agreement of every logit row (last position of each prompt)
-between ours and transformers, and ours and llama.cpp, with the largest |difference| (scale: the
-logits' std). Peak fraction: the forward's FLOPs (dense layers on the scheduled tokens, the head on
-the logit rows, attention and scan terms from radixflow.spec) per second of radixflow's median, over
-the `torch.mm` GFLOP/s measured on the model's own GEMM shapes (every nn.Linear of the model at the
-case's token count, capped at 2,048 rows; best of 3), weighted by their FLOPs.
+Timing: for each case the three systems run interleaved, `--repeats` times (default 3), after one small
+untimed warm-up per model; tokens/s is from the median. llama.cpp runs in the first `--llamacpp-repeats` of
+them (default 1): its ratio is printed, not a target, and its timed forwards were the run's largest share
+(docs/results.md, "Run time"); `--llamacpp-repeats 3` gives its median too. Setup (parents' prefill, cache
+copies) is never timed. Same-model proof: top-1 agreement of every logit row (last position of each prompt)
+between ours and transformers, and ours and llama.cpp, with the largest |difference| (scale: the logits' std).
+Peak fraction: the forward's FLOPs (dense layers on the scheduled tokens, the head on the logit rows,
+attention and scan terms from radixflow.spec) per second of radixflow's median, over the `torch.mm` GFLOP/s
+measured on the model's own GEMM shapes (every nn.Linear of the model at the case's token count, capped at
+2,048 rows; best of 3), weighted by their FLOPs.
 
     python benchmarks/engine_peers.py --json out.json          # all models and cases at the issue's sizes
 
@@ -390,6 +392,9 @@ class LlamaCpp:
             raise RuntimeError("llama.cpp could not create a context")
         self.mem = lc.llama_get_memory(self.ctx)
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+        # untimed warm-up of the new context on row 0's sequence (each run clears it): its first
+        # decode pages the weights in and sets its buffers up, which ours and transformers did in theirs
+        self._decode([(0, 0, list(range(1, 17)), True)])
         # the distinct prefixes, each prefilled once into a parent sequence (ids seqs-1, seqs-2, ...)
         self.parent_of: dict[tuple, int] = {}
         for p in sorted({r.prefix for r in case.rows if r.prefix}):
@@ -590,8 +595,10 @@ def bench_model(name: str, args, out: list[dict]) -> None:
                 note = f"llama.cpp: {str(e).splitlines()[0]}"
         times: dict[str, list[float]] = {k: [] for k in runners}
         logits: dict[str, torch.Tensor] = {}
-        for _ in range(args.repeats):
+        for i in range(args.repeats):
             for sysname, runner in runners.items():
+                if sysname == "llamacpp" and i >= args.llamacpp_repeats:
+                    continue
                 with peer_heap(case) if sysname != "radixflow" else contextlib.nullcontext():
                     t, lg = runner.run(case)
                 times[sysname].append(t)
@@ -708,7 +715,10 @@ def plan(args) -> None:
 
     copy_rate, randn_rate = _copy_rate(), _randn_rate()
     n_sys = 2 if args.no_llamacpp else 3
-    print(f"plan: {n_sys} systems x {args.repeats} repeats, cases {' '.join(args.cases)}, scale {args.scale}; "
+    n_timed = 2 * args.repeats + (0 if args.no_llamacpp else args.llamacpp_repeats)   # timed forwards a case
+    print(f"plan: {n_sys} systems, {n_timed} timed forwards a case (ours and transformers {args.repeats} each"
+          + ("" if args.no_llamacpp else f", llama.cpp {args.llamacpp_repeats}")
+          + f"), cases {' '.join(args.cases)}, scale {args.scale}; "
           f"copy {copy_rate / 1e9:.1f} GB/s, randn {randn_rate / 1e6:.0f} M/s", flush=True)
     tot_flops = tot_secs = tot_io = 0.0
     for name in args.models:
@@ -731,10 +741,10 @@ def plan(args) -> None:
             timed = rows_flops(rows, shapes, head, spec)
             prefixes = {r.prefix for r in rows if r.prefix}
             setup = sum(rows_flops([Row((), list(p))], shapes, head, spec) for p in prefixes)
-            c_flops = n_sys * (args.repeats * timed + setup)
+            c_flops = n_timed * timed + n_sys * setup
             m_flops += c_flops
             print(f"  ({cname}) {len(rows)} rows, {sum(len(r.tokens) for r in rows)} tokens: {timed / 1e12:.3f} TFLOP "
-                  f"a forward, setup {setup / 1e12:.3f}; {n_sys} x ({args.repeats} x forward + setup) = "
+                  f"a forward, setup {setup / 1e12:.3f}; {n_timed} x forward + {n_sys} x setup = "
                   f"{c_flops / 1e12:.2f} TFLOP >= {c_flops / peak / 60:.1f} min", flush=True)
         n_bytes = 4 * sum(math.prod(p.shape) for p in model.state_dict().values())
         path = default_cache_dir() / f"random-{name.removeprefix('random:')}"
@@ -786,9 +796,11 @@ def _print_row(r: dict) -> None:
     ll = r["llamacpp_tps"]
     ratio_t = r["radixflow_tps"] / r["transformers_tps"]
     ratio_l = f"x{r['radixflow_tps'] / ll:5.2f}" if ll else "  -  "
+    n = len(r["seconds"].get("llamacpp", ()))
+    runs = f" [{n} run{'s' if n > 1 else ''}]" if n else ""
     agree = "  ".join(f"{k} top-1 {v['top1']} max|d| {v['max_abs_diff']:.1e}" for k, v in r["agreement"].items())
     print(f"  ({r['case']}) {r['label']:30s} tok/s: radixflow {r['radixflow_tps']:8.1f}  transformers "
-          f"{r['transformers_tps']:8.1f} (x{ratio_t:.2f})  llama.cpp "
+          f"{r['transformers_tps']:8.1f} (x{ratio_t:.2f})  llama.cpp{runs} "
           f"{(f'{ll:8.1f}' if ll else '       -')} ({ratio_l})  peak {r['peak_fraction']:.2f} "
           f"(transformers {r['transformers_peak_fraction']:.2f}) of "
           f"{r['mm_gflops']:.0f} GFLOP/s  [{r['wall_s']:.0f} s]", flush=True)
@@ -796,14 +808,16 @@ def _print_row(r: dict) -> None:
 
 
 def print_table(cases: list[dict]) -> None:
-    print("\n| model | case | tokens | radixflow tok/s | transformers tok/s | llama.cpp tok/s | vs transformers "
+    print("\n| model | case | tokens | radixflow tok/s | transformers tok/s | llama.cpp tok/s (its runs) "
+          "| vs transformers "
           "| vs llama.cpp | peak fraction (transformers) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in cases:
         ll = r["llamacpp_tps"]
         vs_ll = f"{r['radixflow_tps'] / ll:.2f}x" if ll else "—"
+        ll_cell = f"{ll:.1f} ({len(r['seconds']['llamacpp'])})" if ll else f"— ({r['llamacpp_note']})"
         print(f"| {r['model']} | ({r['case']}) {r['label']} | {r['tokens']} | {r['radixflow_tps']:.1f} | "
-              f"{r['transformers_tps']:.1f} | {f'{ll:.1f}' if ll else '— (' + r['llamacpp_note'] + ')'} | "
+              f"{r['transformers_tps']:.1f} | {ll_cell} | "
               f"{r['radixflow_tps'] / r['transformers_tps']:.2f}x | "
               f"{vs_ll} | {r['peak_fraction']:.2f} ({r['transformers_peak_fraction']:.2f}) |")
 
@@ -822,6 +836,8 @@ def main() -> None:
                     help="multiply every case's token counts (quick runs; 1 = the sizes given)")
     ap.add_argument("--threads", type=int, default=None, help="threads for all three systems (default torch's)")
     ap.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp")
+    ap.add_argument("--llamacpp-repeats", type=int, default=1,
+                    help="llama.cpp runs in the first N of --repeats (default 1: its ratio is printed, not a target)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="write {'cases': [...]} to this file")
     ap.add_argument("--plan", action="store_true",
@@ -831,6 +847,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
+    if not 1 <= args.llamacpp_repeats <= args.repeats:
+        ap.error(f"--llamacpp-repeats must be in 1..--repeats ({args.repeats}), got {args.llamacpp_repeats}")
     if not 0 < args.scale <= 1:
         ap.error("--scale must be in (0, 1]")
     for flag in ("prefill_len", "round_tokens", "parent_len", "context"):
@@ -848,7 +866,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load:.1f}; "
-          f"repeats {args.repeats}, scale {args.scale}", flush=True)
+          f"repeats {args.repeats} (llama.cpp {args.llamacpp_repeats}), scale {args.scale}", flush=True)
     if args.plan:
         plan(args)
         return
@@ -874,6 +892,7 @@ def main() -> None:
 
 def write_json(args, out: list[dict], run: dict | None = None) -> None:
     args.json.write_text(json.dumps({"cases": out, "threads": torch.get_num_threads(), "repeats": args.repeats,
+                                     "llamacpp_repeats": args.llamacpp_repeats,
                                      "scale": args.scale, "command": " ".join(sys.argv), **(run or {})},
                                     indent=2))
 
