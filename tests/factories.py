@@ -35,3 +35,31 @@ def wait_config(**kw) -> SchedulerConfig:
     """small_config on the wait path: `--handoff off`, so a consumer whose state its same-round producer
     writes is Blocked a round (SPEC §3, §12) instead of handed off (SPEC §15, the default `auto`)."""
     return small_config(**{"handoff": "off", **kw})
+
+
+class KeptOrderView:
+    """What the kept orders (`Rotation`, `DeepestFirst`) read of a view: leaves are ints with a key, a
+    depth and a leaf order (the int until a cut in place renews it, as the backends do); the leaves a
+    lap changed come back from `changes()`."""
+
+    def __init__(self, keys: dict, depths: dict | None = None) -> None:
+        self.keys, self.depths, self.orders, self.changed = keys, depths or {}, {}, []
+
+    def is_leaf(self, leaf) -> bool:
+        return leaf in self.keys
+
+    def evictable(self, leaf) -> bool:
+        return True
+
+    def trajectory_key(self, leaf):
+        return self.keys[leaf]
+
+    def leaf_order(self, leaf) -> int:
+        return self.orders.get(leaf, leaf)
+
+    def depth(self, leaf) -> int:
+        return self.depths[leaf]
+
+    def changes(self) -> list:
+        out, self.changed = self.changed, []
+        return out

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from factories import KeptOrderView
 from radixflow.cache.eviction import EVICTION_POLICIES, LRU, FlopAware, ReuseCosts, get_eviction, parse_evictions
 from radixflow.cache.pool import IdPool
 from radixflow.cache.radix import RadixIndex, chain_hashes
@@ -306,31 +307,7 @@ def test_flop_aware_ties_go_in_insertion_order_not_by_address(policy):
 
 
 # ----------------------------------------------------------------------------- the kept rotation
-class _RingView:
-    """What `Rotation` reads of a view: leaves are ints with a key and a leaf order (the int until a
-    cut in place renews it, as the backends do); the leaves a lap changed come back from `changes()`."""
-
-    def __init__(self, keys: dict) -> None:
-        self.keys, self.orders, self.changed = keys, {}, []
-
-    def is_leaf(self, leaf) -> bool:
-        return leaf in self.keys
-
-    def evictable(self, leaf) -> bool:
-        return True
-
-    def trajectory_key(self, leaf):
-        return self.keys[leaf]
-
-    def leaf_order(self, leaf) -> int:
-        return self.orders.get(leaf, leaf)
-
-    def changes(self) -> list:
-        out, self.changed = self.changed, []
-        return out
-
-
-def _ring_lap(view: _RingView, cursor) -> list:
+def _ring_lap(view, cursor) -> list:
     """`RoundRobinTail._ring`'s lap: the leaves sorted by (key, leaf order), from just after the
     cursor key (its ties last), once around."""
     ring = sorted((k, view.leaf_order(leaf), leaf) for leaf, k in view.keys.items())
@@ -351,7 +328,7 @@ def test_kept_rotation_laps_as_the_sorted_ring_with_tied_keys(n_keys, steps):
     from radixflow.cache.eviction import Rotation
 
     keys = {leaf: ("", leaf % n_keys) for leaf in range(12)}
-    view, rot, cursor, nxt = _RingView(keys), Rotation(), None, 12
+    view, rot, cursor, nxt = KeptOrderView(keys), Rotation(), None, 12
     rot.enter(view, list(keys), cursor)
     for take, drop, rekey, add in steps:
         want = _ring_lap(view, cursor)[:take]
@@ -392,7 +369,7 @@ def test_kept_rotation_does_not_move_a_tie_group_at_every_lap(monkeypatch):
     from radixflow.cache.eviction import Rotation
 
     keys = {leaf: ("", 0) for leaf in range(200)}
-    view, rot = _RingView(keys), Rotation()
+    view, rot = KeptOrderView(keys), Rotation()
     rot.enter(view, list(keys), None)
     key, leaf = next(rot.lap())
     view.orders[leaf] = 999

@@ -20,6 +20,8 @@ import hashlib
 import pytest
 from sglang_factories import load_twins, replay
 
+from factories import KeptOrderView
+
 twins = load_twins()
 
 from radixflow.integrations.sglang import sweep  # noqa: E402
@@ -386,35 +388,13 @@ def test_evict_for_alloc_stops_at_its_target_not_at_its_quota():
 
 
 
-class _FakeView:
-    """What `Rotation` / `DeepestFirst` read of a view: leaves are ints, key and depth given."""
-
-    def __init__(self, keys: dict, depths: dict) -> None:
-        self.keys, self.depths = keys, depths
-
-    def is_leaf(self, leaf) -> bool:
-        return leaf in self.keys
-
-    def evictable(self, leaf) -> bool:
-        return True
-
-    def trajectory_key(self, leaf):
-        return self.keys[leaf]
-
-    def leaf_order(self, leaf) -> int:
-        return leaf
-
-    def depth(self, leaf) -> int:
-        return self.depths[leaf]
-
-
 def test_compaction_drops_superseded_entries_and_keeps_the_orders():
     """Leaves re-entered between walks (the backends enter changes on every insert) with a moved key
     or depth leave superseded entries in the heaps (an unmoved one keeps its entry: none added);
     past 1.5x the live ones plus 32, `compact` drops them, and the next lap and the deepest pick stay
     what they were."""
     keys = {i: ("", 0, (i * 7 % 13,)) for i in range(40)}
-    view = _FakeView(keys, {i: 100 + i % 5 for i in range(40)})
+    view = KeptOrderView(keys, {i: 100 + i % 5 for i in range(40)})
     rot, deep = Rotation(), DeepestFirst()
     rot.enter(view, list(keys), ("", 0, (6,)))
     deep.enter(view, list(keys))
