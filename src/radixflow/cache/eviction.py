@@ -478,7 +478,7 @@ class Rotation:
 
     def _split(self, cursor) -> None:
         """Every live entry re-split at `cursor` (a cursor moved outside a lap: not on the walks' paths)."""
-        live = [e for e in self.entry.values()]
+        live = list(self.entry.values())
         self.at = cursor
         self.ahead, self.behind, self.ties = [], [], []
         for e in live:
