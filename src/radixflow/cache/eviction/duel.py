@@ -21,15 +21,12 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from radixflow.cache.eviction.view import cut_to
+from radixflow.cache.eviction.view import KEY_TOKENS, chain_top, cut_to
 
 TAIL_SHARES = (0.125, 0.25, 0.375, 0.5)  # the duel's tail shadows (docs/eviction.md: with 0.75 and 1,
 # more P99 wins and hit losses of 1.0-1.7 % on the sweep's short runs)
 LEVEL_STEP = 16  # tokens: the tail rule levels in steps of at least this (a page of 16 at page 1: a call
 # trims the few deepest cold leaves one step, not every cold leaf by a few tokens; issue #30's cost)
-KEY_TOKENS = 64  # a trajectory is keyed by its chain's first tokens: enough to part users whose chains
-# start inside a page of a shared prompt (a chat's system prompt: the same first 8 tokens for all)
-
 
 class Shadow:
     """A simulated cache at trajectory grain under one rule: `q` None is lru (the least recently
@@ -277,15 +274,20 @@ class FixedRule(DuelRule):
         return self.q
 
 
-def water_level(depths: list[int], need: int, unit: int) -> int:
+def water_level(depths, need: int, unit: int) -> int:
     """The deepest level (a multiple of `unit`) such that cutting every depth of `depths` (deepest
-    first) down to it frees at least `need` tokens (0 when even that does not)."""
+    first; any iterable, read only as far as the level) down to it frees at least `need` tokens (0
+    when even that does not)."""
     total = 0
-    for i, d in enumerate(depths):
+    it = iter(depths)
+    d = next(it, None)
+    n = 0
+    while d is not None:
         total += d
-        nxt = depths[i + 1] if i + 1 < len(depths) else 0
-        level = (total - need) // (i + 1)  # the top i + 1 cut to `level` free `need`
-        if level >= nxt:
+        n += 1
+        d = next(it, None)
+        level = (total - need) // n  # the top n cut to `level` free `need`
+        if level >= (0 if d is None else d):
             return max(0, level // unit * unit)
     return 0
 
@@ -309,3 +311,145 @@ def cut_cold(view, leaf, level: int):
     for victim in cut_to(view, leaf, level):
         got += yield victim
     return got
+
+
+def level_unit(page: int) -> int:
+    """The tail rule's levelling unit: a multiple of the page, and of `LEVEL_STEP` tokens where pages
+    are smaller."""
+    return max(page, -(-LEVEL_STEP // page) * page)
+
+
+def by_recency(view) -> list:
+    """The view's evictable leaves, least recently used first (ties: leaf order, the order of
+    `view.leaves()`)."""
+    return sorted(view.leaves(), key=view.last_access)
+
+
+def sorted_cold(view, q: float):
+    """A pass's cold share, sorted off the view: the `q` least recently used evictable leaves, deepest
+    first (stable: the least recent first among equal depths), with their depths; None: no leaves."""
+    leaves = by_recency(view)
+    if not leaves:
+        return None
+    cold = leaves[: max(1, int(len(leaves) * q + 0.999))]
+    cold.sort(key=view.depth, reverse=True)
+    return cold, [view.depth(n) for n in cold]
+
+
+def cold_level_walk(view, need: int, q: float, chunk_of=None, cold_of=sorted_cold, cut_now=None):
+    """The tail rule: the `q` least recently used evictable leaves, cut from the deepest down to one
+    level (`water_level`, in `level_unit` steps) until `need` tokens are freed; again over the leaves
+    left if one level did not free enough. `cold_of(view, q)`: a pass's cold leaves deepest first and
+    their depths (`sorted_cold`, or an order kept across calls), read only as far as the level and the
+    cuts reach. `chunk_of(want, unit)`: where a call is batched, the least a cut takes (`cut_target`);
+    None: cut to the level only. `cut_now(leaf, target)`: where the tree removes a cut whole now, what
+    it freed (None: it cannot, the victims are yielded)."""
+    unit = level_unit(view.unit)
+    depth = view.depth
+    freed = 0
+    while freed < need:
+        share = cold_of(view, q)
+        if share is None:
+            return
+        cold, depths = share
+        want = need - freed
+        level = water_level(depths, want, unit)
+        chunk = chunk_of(want, unit) if chunk_of is not None else 0
+        progressed = False
+        for leaf in cold:
+            d = depth(leaf)
+            if d <= level:
+                break
+            target = cut_target(d, level, chunk, unit)
+            got = cut_now(leaf, target) if cut_now is not None else None
+            if got is None:
+                got = yield from cut_cold(view, leaf, target)
+            freed += got
+            progressed |= got > 0
+            if freed >= need:
+                return
+        if not progressed:
+            return
+
+
+# ----------------------------------------------------------------------------- evidence
+def first_tokens(view, path: list) -> tuple:
+    """The first KEY_TOKENS tokens of a chain given top down."""
+    out: list = []
+    for n in path:
+        out.extend(view.tokens(n)[: KEY_TOKENS - len(out)])
+        if len(out) >= KEY_TOKENS:
+            break
+    return tuple(out)
+
+
+class Evidence:
+    """What the duel learns of a cache's requests, read off its tree (a `TreeView` with `tokens`,
+    `namespace`, `children`, `num_children`): a request takes its hit (`begin`, from where its match
+    ended), then its whole sequence is inserted (`inserted`: trajectory, private length, the hit the
+    cache gave it, the budget). A trajectory is keyed (namespace, where its unshared chain starts,
+    its first KEY_TOKENS tokens); a key that moves as branches come and go is carried over
+    (`_rekey`), so the shadows never see one history as two."""
+
+    def __init__(self, rule: DuelRule) -> None:
+        self.rule = rule
+
+    @staticmethod
+    def match_key(view, namespace: str, tokens, node, depth: int) -> tuple:
+        """The key of a request whose match ended at `node` (`depth` tokens; None or the root: nothing
+        matched): a chain through `node` when it is a leaf, else a new one from its end."""
+        if node is None or view.is_root(node) or view.has_children(node):
+            start = depth
+        else:
+            start = view.start(chain_top(view, node))
+        return namespace, start, tuple(tokens[start:start + KEY_TOKENS])
+
+    def begin(self, key: tuple) -> None:
+        self.rule.begin(key)
+
+    def inserted(self, view, node, hit: int, budget: int) -> None:
+        """A request's sequence now ends at `node`; `hit`: the tokens the cache gave it."""
+        if view.is_root(node):
+            return
+        path = [node]  # the unshared chain, from the node up to where it starts
+        up = view.parent(node)
+        while not view.is_root(up) and view.num_children(up) == 1:
+            path.append(up)
+            up = view.parent(up)
+        path.reverse()
+        end = view.depth(node)
+        start = view.start(path[0])
+        namespace = view.namespace(path[0])
+        key = (namespace, start, first_tokens(view, path))
+        if key not in self.rule.seen:
+            self._rekey(view, key, path, start, namespace)
+        self.rule.observe(key, start, end - start, hit, budget)
+
+    def _rekey(self, view, key: tuple, path: list, start: int, namespace: str) -> None:
+        """A trajectory's key moves when the chain it runs in changes where it starts: a new branch off
+        its chain (the part above becomes shared: its old key goes to the part below), or the other
+        branches gone (its chain starts higher again)."""
+        rule = self.rule
+        d = start
+        for i in range(1, len(path)):  # a chain that started lower down, before the branches above went
+            d += len(view.tokens(path[i - 1]))
+            low = (namespace, d, first_tokens(view, path[i:]))
+            if low in rule.seen:
+                rule.rename(low, key, start - d)
+                return
+        top = path[0]
+        up = view.parent(top)
+        if view.is_root(up) or view.num_children(up) != 2:
+            return
+        chain = [up]  # the chain `up` ran in before this branch came
+        while not view.is_root(view.parent(chain[-1])) and view.num_children(view.parent(chain[-1])) == 1:
+            chain.append(view.parent(chain[-1]))
+        chain.reverse()
+        high = (namespace, start - sum(len(view.tokens(n)) for n in chain), first_tokens(view, chain))
+        if high in rule.seen:
+            (other,) = [c for c in view.children(up) if c is not top]
+            rest = [other]
+            while view.num_children(rest[-1]) == 1 and sum(len(view.tokens(n)) for n in rest) < KEY_TOKENS:
+                (nxt,) = view.children(rest[-1])
+                rest.append(nxt)
+            rule.rename(high, (namespace, start, first_tokens(view, rest)), start - high[1])

@@ -108,33 +108,23 @@ class FlopAware:
         return dropped
 
     # ------------------------------------------------------------------ helpers
-    def _full_leaf_values(self, view: TreeView, leaves: list) -> list[tuple]:
-        """`_leaf_value` of every leaf of a full-attention tree, inline (the same floats: the
-        operations of `ReuseCosts.prefill_flops` in its order)."""
+    def efficiency(self, view: TreeView, leaf) -> float:
+        """A full-attention leaf's value per byte: the prefill FLOPs of its own tokens (every page a
+        resume point) over the bytes of its pages. The one leaf-value function of a full-attention
+        tree (the ranking here, SGLang's kept `GreedyDual`)."""
         c = self.costs
-        per_token = c.flops_per_token + c.recurrent_flops_per_token
-        per_pair, page_bytes = c.flops_per_pair, c.page_bytes
-        depth, num_pages, last_access = view.depth, view.num_pages, view.last_access
-        # A view may keep the values across walks (`value_memo`: node id -> (key object, efficiency));
-        # its nodes replace `.key` whenever their span changes, so an entry holds while its key does.
-        memo = getattr(view, "value_memo", None)
-        out = []
-        for leaf in leaves:
-            if memo is not None:
-                m = memo.get(leaf.id)
-                if m is not None and m[0] is leaf.key:
-                    out.append((leaf, m[1], last_access(leaf)))
-                    continue
-            end = depth(leaf)
-            start = view.start(leaf)
-            k = max(0, end - start)
-            pairs = k * start + k * (k + 1) / 2
-            held = num_pages(leaf) * page_bytes
-            eff = (per_token * k + per_pair * pairs) / max(held, 1e-9)
-            if memo is not None:
-                memo[leaf.id] = (leaf.key, eff)
-            out.append((leaf, eff, last_access(leaf)))
-        return out
+        return c.prefill_flops(view.start(leaf), view.depth(leaf)) / max(view.num_pages(leaf) * c.page_bytes, 1e-9)
+
+    def _full_leaf_values(self, view: TreeView, leaves: list) -> list[tuple]:
+        """(leaf, `efficiency`, last access) of leaves of a full-attention tree; through the view's
+        memo where it keeps one (`memo_value`: the values across walks)."""
+        last_access = view.last_access
+        memo = getattr(view, "memo_value", None)
+        if memo is None:
+            eff = self.efficiency
+            return [(leaf, eff(view, leaf), last_access(leaf)) for leaf in leaves]
+        eff = self.efficiency
+        return [(leaf, memo(leaf, eff), last_access(leaf)) for leaf in leaves]
 
     def _ranked(self, cands: list[tuple]) -> list:
         """Victims, lowest blended score first. cands: (victim, efficiency, last_access)."""
@@ -186,8 +176,8 @@ class FlopAware:
     def _leaf_value(self, view: TreeView, leaf) -> tuple[float, float]:
         c = self.costs
         held = view.num_pages(leaf) * c.page_bytes
-        if not view.hybrid:  # full attention: every page is a resume point
-            return c.prefill_flops(view.start(leaf), view.depth(leaf)) / max(held, 1e-9), view.last_access(leaf)
+        if not view.hybrid:
+            return self.efficiency(view, leaf), view.last_access(leaf)
         snaps = view.states(leaf)
         if not snaps:
             return 0.0, view.last_access(leaf)  # dead KV: no state to resume from anywhere in it

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from radixflow.cache.eviction.adaptive import Adaptive
 from radixflow.cache.eviction.flops import FlopAware
 from radixflow.cache.eviction.lru import LRU
 from radixflow.cache.eviction.tails import LevelTail, RoundRobinTail
 from radixflow.cache.eviction.view import EvictionPolicy
 
 EVICTION_POLICIES: dict[str, type] = {"lru": LRU, "rr-tail": RoundRobinTail, "level-tail": LevelTail,
-                                      "flop-aware": FlopAware}
+                                      "flop-aware": FlopAware, "adaptive": Adaptive}
 
 
 def get_eviction(spec: str) -> EvictionPolicy:

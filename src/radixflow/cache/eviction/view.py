@@ -50,7 +50,17 @@ class TreeView(Protocol):
 
     def evictable(self, node) -> bool: ...
 
+    def live_leaf(self, node) -> bool: ...  # an evictable leaf the tree lists as one
+
     def has_children(self, node) -> bool: ...
+
+    def children(self, node): ...
+
+    def num_children(self, node) -> int: ...
+
+    def tokens(self, node): ...  # the node's own tokens (its key)
+
+    def namespace(self, node) -> str: ...
 
     def parent(self, node): ...
 
@@ -102,9 +112,28 @@ class IndexView:
     def evictable(self, node: Node) -> bool:
         return self.index._evictable(node)
 
+    def live_leaf(self, node: Node) -> bool:
+        return node in self.index._leaves and self.index._evictable(node)
+
     @staticmethod
     def has_children(node: Node) -> bool:
         return bool(node.children)
+
+    @staticmethod
+    def children(node: Node):
+        return node.children.values()
+
+    @staticmethod
+    def num_children(node: Node) -> int:
+        return len(node.children)
+
+    @staticmethod
+    def tokens(node: Node) -> tuple:
+        return node.key
+
+    @staticmethod
+    def namespace(node: Node) -> str:
+        return node.namespace
 
     @staticmethod
     def parent(node: Node) -> Node:
@@ -138,9 +167,8 @@ class IndexView:
     def last_access(node: Node) -> float:
         return node.last_access
 
-    @staticmethod
-    def trajectory_key(leaf: Node) -> tuple:
-        return _trajectory_key(leaf)
+    def trajectory_key(self, leaf: Node) -> tuple:
+        return trajectory_key(self, leaf)
 
     def split(self, node: Node, depth: int) -> None:
         self.index._split(node, (depth - node.start) // self.unit)  # `node` keeps the tail
@@ -189,15 +217,28 @@ class EvictionPolicy(Protocol):
         ...
 
 
-def _trajectory_key(leaf: Node) -> tuple:
-    """A key that stays the same while a trajectory is cut: where its unshared chain starts.
+# The trajectory key's tokens: a rotation and level-tail's ties are ordered by a chain's first
+# ORDER_TOKENS (8: the orders pinned by the decision digests; 64 moves them), while the duel tells
+# histories apart by their first KEY_TOKENS (64: enough to part users whose chains start inside a
+# page of a shared prompt, which share far more than 8 tokens; duel.py).
+ORDER_TOKENS = 8
+KEY_TOKENS = 64
 
-    Built from tokens, not from `hash()` of strings, so the rotation is the same in every process.
-    """
-    node = leaf
-    while not node.parent.is_root and len(node.parent.children) == 1:
-        node = node.parent
-    return (node.namespace, node.start, node.key[: 8])
+
+def chain_top(view: TreeView, node):
+    """The first node of `node`'s unshared chain (where its parent has other than one child)."""
+    up = view.parent(node)
+    while not view.is_root(up) and view.num_children(up) == 1:
+        node, up = up, view.parent(up)
+    return node
+
+
+def trajectory_key(view: TreeView, leaf) -> tuple:
+    """A key that stays the same while a trajectory is cut: where its unshared chain starts
+    (namespace, depth, the top node's first ORDER_TOKENS tokens). Built from tokens, not from
+    `hash()` of strings, so the rotation is the same in every process."""
+    top = chain_top(view, leaf)
+    return view.namespace(top), view.start(top), tuple(view.tokens(top)[:ORDER_TOKENS])
 
 
 class Trim(NamedTuple):
