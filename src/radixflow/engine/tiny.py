@@ -45,13 +45,14 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "chunk_size": 64, "use_conv_bias": True, "max_position_embeddings": 32768,
     },
     # tiny-qwen3.5 with GDN heads of 128 in bf16: what vLLM's CPU GDN kernel accepts (it asserts bf16 and a
-    # linear-attention head dim of 128), for the plugin's runs inside vLLM's CPU build (docs/vllm.md).
+    # linear-attention head dim of 128), for the plugin's runs inside vLLM's CPU build (docs/vllm.md). One
+    # GDN head and attention heads of 64 keep vLLM's Mamba page, hence its attention block, at 256 tokens.
     "tiny-qwen3.5-gdn128": {
         **_COMMON, "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "dtype": "bfloat16",
-        "num_hidden_layers": 4, "intermediate_size": 384, "rms_norm_eps": 1e-6,
+        "num_hidden_layers": 4, "intermediate_size": 384, "rms_norm_eps": 1e-6, "head_dim": 64,
         "layer_types": ["linear_attention"] * 3 + ["full_attention"],
         "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-        "linear_num_key_heads": 1, "linear_num_value_heads": 2, "max_position_embeddings": 32768,
+        "linear_num_key_heads": 1, "linear_num_value_heads": 1, "max_position_embeddings": 32768,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
                             "mrope_section": [2, 1, 1], "mrope_interleaved": True},
     },
