@@ -158,3 +158,55 @@ def close_engine(llm: LLM) -> None:
         llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Prompts (token ids) added at once, in this order, and each one's output length."""
+
+    name: str
+    prompts: tuple[tuple[int, ...], ...]
+    max_tokens: tuple[int, ...]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+
+def _tokens(rng, n: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(3, 259) for _ in range(n))  # the byte tokens of the tiny models' tokenizer
+
+
+def multi_candidate(documents: int = 3, candidates: int = 4, document_tokens: int = 600,
+                    candidate_tokens: int = 41, seed: int = 0) -> Workload:
+    """The paper's shape: each document followed by each of its candidates, one output token each,
+    document by document (A1..A4, B1..B4, ...): every candidate after the first of its document can
+    reuse the first one's state, once that is published."""
+    import random
+
+    rng = random.Random(seed)
+    docs = [_tokens(rng, document_tokens) for _ in range(documents)]
+    prompts = tuple(doc + _tokens(rng, candidate_tokens) for doc in docs for _ in range(candidates))
+    return Workload("multi-candidate", prompts, (1,) * len(prompts))
+
+
+def decode_heavy(documents: int = 2, continuations: int = 3, document_tokens: int = 300,
+                 suffix_tokens: int = 20, max_tokens: int = 48, seed: int = 1) -> Workload:
+    """Shared-prefix prompts that each decode `max_tokens` tokens: most steps are decode steps."""
+    import random
+
+    rng = random.Random(seed)
+    docs = [_tokens(rng, document_tokens) for _ in range(documents)]
+    prompts = tuple(doc + _tokens(rng, suffix_tokens) for doc in docs for _ in range(continuations))
+    return Workload("decode-heavy", prompts, (max_tokens,) * len(prompts))
+
+
+def warm_up(llm: LLM) -> None:
+    """One short request, then an empty prefix cache: first-forward costs stay out of the timed runs."""
+    run_prompts(llm, [tuple(range(3, 67))], 2, "warm-up")
+    reset_prefix_cache(llm)
+
+
+def reset_prefix_cache(llm: LLM) -> None:
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM did not reset its prefix cache (requests still running?)")

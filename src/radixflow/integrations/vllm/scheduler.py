@@ -65,7 +65,8 @@ from radixflow.integrations.vllm.readiness import (
 )
 from radixflow.integrations.vllm.siblings import BlockedGroup, BlockedGroups
 
-logger = init_logger(__name__)
+# Under vLLM's logger ("vllm."), whose handler vLLM configures: the on/off line below shows at start-up.
+logger = init_logger(f"vllm.{__name__}")
 
 # Speculative methods whose scheduling the claim models: at most N drafts per request per step, no
 # drafting slots taken from the input budget, `num_lookahead_tokens` slots allocated past them.
