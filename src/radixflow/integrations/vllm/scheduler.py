@@ -294,12 +294,13 @@ class StateReadyMixin:
         # so on a tight pool the next steps' allocations reach what it freed (its prefix, and the Mamba
         # state at its chunk end that its siblings would hit) before those siblings are admitted; the
         # native order admits them while it still holds those blocks. So past a deferred request a
-        # candidate goes only if the pool, once its own blocks and the claim's are set aside, still has
-        # as many free blocks as it holds: the next allocations are then served from other blocks.
+        # candidate goes only if the pool, once its own new blocks and the claim's are set aside, could
+        # still serve two more prompts of its size from other blocks: in align mode the next question's
+        # first step allocates two (its first branch whole, its second up to the shared-prefix junction).
         manager = self.kv_cache_manager
         held = token_blocks(manager, min(request.num_tokens, self.max_model_len))
         new = held - token_blocks(manager, num_hit_tokens)
-        return manager.block_pool.get_num_free_blocks() - new - self._claim.blocks_to_keep < held
+        return manager.block_pool.get_num_free_blocks() - new - self._claim.blocks_to_keep < 2 * held
 
     def _threshold(self, num_eligible: int) -> int:
         # vLLM's long_prefill_token_threshold for a step that starts with num_eligible requests.
