@@ -239,7 +239,8 @@ class StateReadyMixin:
             return self._defer_or_refuse(request, lookup, hit_blocks, num_hit_tokens, num_new_tokens, group)
         if self._claim.active:
             share = self._share(request, num_computed_tokens, num_new_tokens)
-            if not self._claim.fits_beside(share) or self._cut_by_budget(request, num_hit_tokens, num_new_tokens):
+            if (not self._claim.fits_beside(share) or self._cut_by_budget(request, num_hit_tokens, num_new_tokens)
+                    or self._exposes_its_blocks(request, num_hit_tokens)):
                 return self._refuse(request, num_new_tokens)
             end = num_computed_tokens + num_new_tokens
             self._claim.admit(share, self._growth(request, end, share))
@@ -354,6 +355,20 @@ class StateReadyMixin:
             whole = self._step_threshold
         whole = min(whole, self.max_num_scheduled_tokens)
         return num_new_tokens < self._mamba_block_aligned_split(request, whole, num_hit_tokens, 0)
+
+    def _exposes_its_blocks(self, request: Request, num_hit_tokens: int) -> bool:
+        # Admitted past a deferred request, a candidate runs, and frees its blocks, a step before the
+        # native order would. vLLM keeps freed blocks cached but hands them out again first-freed-first,
+        # so on a tight pool the next steps' allocations reach what it freed (its prefix, and the Mamba
+        # state at its chunk end that its siblings would hit) before those siblings are admitted; the
+        # native order admits them while it still holds those blocks. So past a deferred request a
+        # candidate goes only if the pool, once its own new blocks and the claim's are set aside, could
+        # still serve two more prompts of its size from other blocks: in align mode the next question's
+        # first step allocates two (its first branch whole, its second up to the shared-prefix junction).
+        manager = self.kv_cache_manager
+        held = token_blocks(manager, min(request.num_tokens, self.max_model_len))
+        new = held - token_blocks(manager, num_hit_tokens)
+        return manager.block_pool.get_num_free_blocks() - new - self._claim.blocks_to_keep < 2 * held
 
     def _threshold(self, num_eligible: int) -> int:
         # vLLM's long_prefill_token_threshold for a step that starts with num_eligible requests.
