@@ -365,8 +365,8 @@ def test_kept_rotation_does_not_move_a_tie_group_at_every_lap(monkeypatch):
     at the key moved the whole group at every lap."""
     import heapq
 
-    from radixflow.cache import eviction
     from radixflow.cache.eviction import Rotation
+    from radixflow.cache.eviction import kept as eviction
 
     keys = {leaf: ("", 0) for leaf in range(200)}
     view, rot = KeptOrderView(keys), Rotation()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import radixflow.cache.eviction as ev
+import radixflow.cache.eviction.flops as ev
 from radixflow.cache.eviction import RANK_ARRAYS_FROM, FlopAware
 
 

@@ -245,6 +245,15 @@ def test_branch_checkpoints_change_a_multi_turn_run(tmp_path):
     assert hits["branch"] > hits["boundary"]
 
 
+def test_simulate_agentic_runs_adaptive_beside_lru(tmp_path):
+    """`adaptive` is a policy name like the others (issue #42): the agentic workload runs it beside lru."""
+    out = tmp_path / "adaptive.json"
+    assert main(["simulate", "--workload", "agentic", "--model", "qwen3-8b", "--agents", "6", "--calls", "4",
+                 "--eviction", "lru,adaptive", "--cache-capacity", "3x", "--check", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["policies"]
+    assert [r["eviction"] for r in rows] == ["lru", "adaptive"] and rows[1]["calls"] == rows[0]["calls"] > 0
+
+
 @pytest.mark.parametrize("dtype,name", [("float16", "float16"), ("bf16", "bfloat16")])
 def test_bench_runs_in_the_dtype_asked_and_meta_says_so(tmp_path, dtype, name):
     out = tmp_path / "bench.json"

@@ -46,7 +46,7 @@ def test_closed_loop_next_call_waits_for_the_previous_one():
 
 
 @pytest.mark.parametrize("model", ["qwen3-8b", "qwen3.5-0.8b"])
-@pytest.mark.parametrize("eviction", ["lru", "rr-tail", "rr-tail:1", "level-tail"])
+@pytest.mark.parametrize("eviction", ["lru", "rr-tail", "rr-tail:1", "level-tail", "adaptive"])
 def test_under_pressure_both_policies_keep_the_invariants(model, eviction):
     spec = AgenticSpec(n_agents=8, calls=5, system_len=32, context_len=256, append_len=16, output_len=4,
                        tool_latency_mean=0.3, seed=1)

@@ -62,6 +62,7 @@ class RadixIndex:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.eviction = get_eviction(eviction) if isinstance(eviction, str) else eviction
+        self._observes = getattr(self.eviction, "observes", False)  # `adaptive`: fed the requests
         self.block_size = block_size
         self.pages = pages
         self.slots = slots
@@ -418,6 +419,17 @@ class RadixIndex:
             if node.lock_ref == 0:
                 self.num_locked_pages -= len(node.pages)
             node = node.parent
+
+    def request_begins(self, namespace: str, tokens, m: Match) -> None:
+        """A request takes its hit (its tokens matched `m`): told to a policy that `observes`."""
+        if self._observes:
+            self.eviction.begin(self, namespace, tokens, m.depth, m.node)
+
+    def request_ends(self, node: Node | None, hit: int) -> None:
+        """A request ended, its sequence registered down to `node`, `hit` tokens found cached: told to
+        a policy that `observes`."""
+        if self._observes:
+            self.eviction.end(self, node, hit)
 
     def touch(self, node: Node | None, now: float) -> None:
         """A hit refreshes the whole matched path (node-level LRU)."""

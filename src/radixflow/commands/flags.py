@@ -129,7 +129,7 @@ def checkpoint_wait(text: str) -> str:
 
 
 def eviction_list(text: str) -> str:
-    """A comma list of eviction policies, each checked (cache/eviction.py); kept as text."""
+    """A comma list of eviction policies, each checked (cache/eviction/registry.py); kept as text."""
     from radixflow.cache.eviction import parse_evictions
 
     try:

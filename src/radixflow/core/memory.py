@@ -65,6 +65,7 @@ class Memory:
         slot. Returns (state_in, copy_in) for its first row."""
         tr = b.sched
         start = plan.start
+        self.index.request_begins(b.namespace, b.tokens, plan.match)
         if start:
             node = plan.match.node
             self.index.lock(node, now)
@@ -95,6 +96,7 @@ class Memory:
         forks the producer's first d % block_size rows into it). Nothing is read from the cache."""
         tr = b.sched
         node = plan.match.node
+        self.index.request_begins(b.namespace, b.tokens, plan.match)
         self.index.lock(node, now)
         tr.node = node
         tr.page_table = self.index.pages_upto(plan.match, plan.start // self.block_size)
@@ -176,6 +178,8 @@ class Memory:
             tr.read_snapshot.lock -= 1
             tr.read_snapshot = None
         release_partial(b)
+        if keep_end_snapshot:
+            self.index.request_ends(tr.node, b.cached_tokens or 0)
         self.index.unlock(tr.node)
         tr.node = None
         self.pages.free(sorted(tr.private))

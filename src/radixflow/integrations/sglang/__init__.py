@@ -26,7 +26,7 @@ from radixflow.integrations.sglang.compat import (
 __all__ = ["BACKENDS", "BACKEND_NAMES", "SUPPORTED_SGLANG_VERSION", "UnsupportedSglangError", "build_cache",
            "installed_sglang_version", "register", "require_supported_sglang"]
 
-# --radix-cache-backend name -> cache/eviction.py policy (adaptive: adaptive.DuelFullComponent)
+# --radix-cache-backend name -> cache/eviction policy (adaptive: adaptive.DuelFullComponent)
 BACKENDS = {"radixflow-rr-tail": "rr-tail", "radixflow-level-tail": "level-tail",
             "radixflow-flop-aware": "flop-aware", "radixflow-adaptive": "adaptive"}
 BACKEND_NAMES = tuple(BACKENDS)

@@ -1,0 +1,103 @@
+"""`adaptive` on our own cache (cache/eviction/adaptive.py): the duel's lru calls are lru's decisions,
+its tail calls cut the cold share, and the scheduler runs it."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+from radixflow.cache.eviction import LRU, get_eviction
+from radixflow.cache.eviction.adaptive import Adaptive
+from radixflow.cache.eviction.duel import DuelRule
+from radixflow.cache.pool import IdPool
+from radixflow.cache.radix import RadixIndex, chain_hashes
+
+BS = 4
+
+
+class Scripted(DuelRule):
+    """The duel fed as usual, its answer per call scripted (a seeded mix of lru and tail shares)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def decide(self):
+        self.mode = self.rng.choice((None, None, 0.25, 0.5))
+        return self.mode
+
+
+def _tree(index: RadixIndex) -> list:
+    return sorted((n.namespace, n.depth, n.key) for n in index._iter_nodes())
+
+
+def replay(index: RadixIndex, seed: int, requests: int = 300, on_evict=None) -> None:
+    """Agents behind a shared prompt returning with a longer history, as a scheduler would run them:
+    match, the hit locked, room made, the sequence inserted, the request's end told to the index."""
+    rng = random.Random(seed)
+    prompt = [7] * (3 * BS)
+    hist = {a: prompt + [1000 * (a + 1) + i for i in range(BS * rng.randint(1, 4))] for a in range(12)}
+    for now in range(1, requests + 1):
+        a = rng.randrange(12)
+        toks = hist[a] = hist[a] + [1000 * (a + 1) + len(hist[a]) + i for i in range(BS * rng.randint(1, 3))]
+        hashes = chain_hashes("", toks, BS)
+        n = len(hashes)
+        m = index.match(hashes)
+        index.request_begins("", toks, m)
+        node = index.node_at(m) if m.depth else None
+        index.lock(node, float(now))
+        have = m.depth // BS
+        short = n - have - index.pages.num_free
+        if short > 0:
+            (on_evict or RadixIndex.evict_pages)(index, short)
+        if index.pages.can_allocate(n - have):
+            table = index.pages_upto(m, have) + index.pages.allocate(n - have)
+            end, adopted = index.insert("", toks, hashes, table, n, float(now))
+            assert adopted == have
+            index.publish()
+            index.touch(end, float(now))
+            index.request_ends(end, m.depth)
+        index.unlock(node)
+        index.check_integrity()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_adaptive_makes_lrus_decisions_call_for_call_where_its_duel_says_lru(seed):
+    """Every evict call the duel answers with lru frees what `LRU` frees on a copy of the same tree and
+    leaves the same tree; the tail calls between them change the trees both see."""
+    rule = Scripted(seed)
+    index = RadixIndex(BS, IdPool(60, "KV page"), IdPool(0, "state slot"), Adaptive(rule=rule))
+    policy = index.eviction
+    checked = []
+
+    def on_evict(idx, need):
+        twin = copy.deepcopy(idx)
+        want = LRU().evict_pages(twin, need)
+        calls = policy.lru_calls
+        got = idx.evict_pages(need)
+        if policy.lru_calls > calls:  # the duel said lru
+            assert got == want and _tree(idx) == _tree(twin)
+            checked.append(need)
+
+    replay(index, seed, on_evict=on_evict)
+    assert len(checked) > 5 and policy.tail_calls > 5
+
+
+def test_adaptive_under_a_duel_that_always_says_lru_is_lru():
+    """With the duel's answer lru on every call (fewer returns than its warm-up), a whole replay
+    leaves the tree lru leaves, call for call."""
+    a = RadixIndex(BS, IdPool(60, "KV page"), IdPool(0, "state slot"), "adaptive")
+    b = RadixIndex(BS, IdPool(60, "KV page"), IdPool(0, "state slot"), "lru")
+    for idx in (a, b):
+        replay(idx, 5, requests=60)
+    assert a.eviction.tail_calls == 0 and a.eviction.lru_calls > 0
+    assert _tree(a) == _tree(b) and a.evicted_pages == b.evicted_pages
+
+
+def test_adaptive_is_named_and_observes():
+    pol = get_eviction("adaptive")
+    assert isinstance(pol, Adaptive) and pol.observes
+    with pytest.raises(ValueError, match="adaptive:3"):
+        get_eviction("adaptive:3")
