@@ -63,3 +63,15 @@ def test_checkpoints_reach_the_scheduler():
     waits = LLM("tiny-qwen3.5", kv_cache_memory=16 << 20, max_num_seqs=4, max_num_batched_tokens=256,
                 state_interval=64, checkpoints="branch", checkpoint_wait="64")
     assert waits.engine.scheduler.branch_points.always_wait == 64
+
+
+def test_eviction_reaches_the_cache_and_a_bad_name_is_refused():
+    llm = LLM("tiny-qwen3.5", kv_cache_memory=16 << 20, max_num_seqs=4, max_num_batched_tokens=256,
+              state_interval=64, eviction="adaptive")
+    assert llm.engine.scheduler_config.eviction == "adaptive"
+    assert type(llm.engine.scheduler.index.eviction).__name__ == "Adaptive"
+    out = llm.generate([list(range(5, 70)), list(range(5, 60)) + [3]], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in out] == [2, 2]
+    llm.engine.scheduler.check_integrity()
+    with pytest.raises(ValueError, match="eviction"):
+        LLM("tiny-qwen3.5", kv_cache_memory=16 << 20, eviction="fifo")

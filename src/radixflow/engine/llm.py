@@ -41,7 +41,7 @@ class ScoreOutput:
 
 
 _SCHED_FLAGS = {"max_num_seqs", "max_num_batched_tokens", "block_size", "state_interval", "enable_prefix_caching",
-                "checkpoints", "checkpoint_wait", "handoff", "handoff_max_levels"}
+                "checkpoints", "checkpoint_wait", "handoff", "handoff_max_levels", "eviction"}
 
 
 class LLM:
