@@ -245,3 +245,119 @@ def round_steps(model, block_size: int, cal: HandoffCalibration, scan: ScanCosts
             cal.probe_levels.append((len(deps), sum(n for _, n in deps), max(n for _, n in deps), extra))
         yield
     cal._round_fit = cal._level_fit = cal._base_fit = cal._fold_fit = None
+
+
+class WarmUp:
+    """The probes one engine needs (a hybrid model's): the scan probe, whose costs fix the chunk every
+    level runs (`fix_chunk`), and, where the engine calibrates (`--handoff on | auto`), the round probe.
+    Each comes from an earlier engine on the same model object in this process, else from `store` (disk,
+    store.py), else is probed: all at once (`run`, the engine's eager start) or a step at a time (`step`,
+    a server between requests: `Engine.warm_step`). `scan` (the engine's costs, its chunk fixed) and
+    `cal` are what the engine reads; until a probe has run they are the engine's safe defaults: no scan
+    costs (each level runs `chunk_plan.unmeasured_chunk`'s chunk) and a calibration holding only what the
+    engine measured itself (`auto` hands off while it has no costs, as the rule does without a model)."""
+
+    def __init__(self, model, model_dir, block_size: int, interval: int, calibrate: bool, store=None) -> None:
+        self.model, self.model_dir, self.block_size, self.interval = model, model_dir, block_size, interval
+        self.store = store
+        self.scan: ScanCosts | None = None
+        self.cal: HandoffCalibration | None = HandoffCalibration() if calibrate else None
+        self.source: dict[str, str] = {}     # "scan" / "rounds" -> "memory" | "disk" | "probed"
+        self.seconds: dict[str, float] = {}  # the probes run here: their seconds
+        self.saved: dict[str, str] = {}      # the files written
+        self._raw: ScanCosts | None = None
+        self._steps: Iterator[None] | None = None
+        self._load()
+
+    # ------------------------------------------------------------------ what is known already
+    def _key(self, kind: str) -> dict:
+        from radixflow.engine.calibration.store import machine_key
+
+        key = machine_key(self.model, self.model_dir)
+        if kind == "rounds":
+            key.update(block_size=self.block_size, chunk=self.scan.fixed if self.scan is not None else None)
+        return key
+
+    def _load(self) -> None:
+        from radixflow.engine.calibration.store import rounds_into, scan_from_json
+
+        m = self.model
+        if m in _SCAN:
+            self._set_scan(_SCAN[m], "memory")
+        elif self.store is not None:
+            data = self.store.load("scan", self._key("scan"))
+            if data is not None:
+                _SCAN[m] = scan_from_json(data)
+                self._set_scan(_SCAN[m], "disk")
+        if self.cal is None or "scan" not in self.source:
+            return
+        if m in _CALIB:
+            self.cal = _CALIB[m]
+            self.source["rounds"] = "memory"
+        elif self.store is not None:
+            data = self.store.load("rounds", self._key("rounds"))
+            if data is not None:
+                rounds_into(self.cal, data)
+                _CALIB[m] = self.cal
+                self.source["rounds"] = "disk"
+
+    def _set_scan(self, raw: ScanCosts | None, source: str) -> None:
+        self._raw = raw
+        self.scan = fix_chunk(raw, self.interval)
+        self.source["scan"] = source
+
+    @property
+    def done(self) -> bool:
+        return "scan" in self.source and (self.cal is None or "rounds" in self.source)
+
+    @property
+    def pending(self) -> list[str]:
+        return [k for k in ("scan", "rounds") if k not in self.source and (k == "scan" or self.cal is not None)]
+
+    # ------------------------------------------------------------------ probing what is not
+    def steps(self) -> Iterator[None]:
+        from radixflow.engine.calibration.store import rounds_to_json, scan_to_json
+
+        if "scan" not in self.source:
+            t0 = time.perf_counter()
+            raw = yield from scan_steps(self.model)
+            _SCAN[self.model] = raw
+            self.seconds["scan"] = time.perf_counter() - t0
+            self._set_scan(raw, "probed")
+            self._save("scan", scan_to_json(raw))
+        if self.cal is not None and "rounds" not in self.source:
+            probe = HandoffCalibration()  # probed apart, then handed over whole: no fit sees half a probe
+            t0 = time.perf_counter()
+            yield from round_steps(self.model, self.block_size, probe, self.scan)
+            probe.probe_seconds = time.perf_counter() - t0
+            for f in ("probe_rounds", "probe_levels", "probe_base", "probe_folds"):
+                setattr(self.cal, f, getattr(probe, f))
+            self.cal.lengths.extend(probe.lengths)
+            self.cal.probe_seconds = probe.probe_seconds
+            self.cal._round_fit = self.cal._level_fit = self.cal._base_fit = self.cal._fold_fit = None
+            _CALIB[self.model] = self.cal
+            self.seconds["rounds"] = probe.probe_seconds
+            self.source["rounds"] = "probed"
+            self._save("rounds", rounds_to_json(probe))
+
+    def _save(self, kind: str, data: dict) -> None:
+        if self.store is not None:
+            f = self.store.save(kind, self._key(kind), data)
+            if f is not None:
+                self.saved[kind] = str(f)
+
+    def run(self) -> None:
+        """Every probe still missing, now."""
+        exhaust(self.steps())
+
+    def step(self) -> bool:
+        """One step of the probes still missing; False once none is left."""
+        if self.done:
+            return False
+        if self._steps is None:
+            self._steps = self.steps()
+        try:
+            next(self._steps)
+        except StopIteration:
+            self._steps = None
+        return not self.done
