@@ -116,3 +116,19 @@ def test_the_start_up_log_names_each_phase_and_the_built_pools(caplog):
         assert f"start-up: {phase}" in text
     pools = state.loop.engine.pools
     assert f"pools built: {pools.pages} KV pages" in text and f"{pools.slots} state slots" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is of a CUDA device torch cannot see")
+def test_a_cuda_device_torch_cannot_see_exits_2_before_the_port_opens(capsys):
+    assert main(["serve", "--model", "tiny-qwen3.5", "--device", "cuda", "--port", "1"]) == 2
+    assert "torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_the_warm_up_flags_reach_the_engine(tmp_path):
+    cfg = serve.engine_config(_args("--model", "tiny-qwen3.5", "--warmup", "eager", "--probe-cache", str(tmp_path)))
+    assert (cfg.warmup, cfg.probe_cache) == ("eager", str(tmp_path))
+    cfg = serve.engine_config(_args("--model", "tiny-qwen3.5", "--probe-cache", "off"))
+    assert (cfg.warmup, cfg.probe_cache) == ("lazy", None)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit):
+        _args("--probe-cache", str(tmp_path / "file"))

@@ -176,6 +176,8 @@ def pools(eng: EngineConfig, path: Path):
     from radixflow.engine.loader import build_meta, read_config
     from radixflow.engine.memory import available_memory, plan_pools
 
+    if eng.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {eng.device}: torch sees no CUDA device")
     model = build_meta(read_config(path))
     dtype = _dtype(eng.dtype)
     layout = model.allocate_cache(1, eng.scheduler.block_size, 1, device="meta", dtype=dtype)
