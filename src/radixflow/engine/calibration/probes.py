@@ -172,7 +172,7 @@ def _probe_rounds(model, block_size: int, cal: HandoffCalibration, scan: ScanCos
 
 def round_steps(model, block_size: int, cal: HandoffCalibration, scan: ScanCosts | None = None,
                 repeat: int = 2) -> Iterator[None]:
-    """The round probe, one synthetic forward (best of `repeat`) per step, into `cal`. Warm start:
+    """The round probe, one synthetic forward per step (each case best of `repeat`), into `cal`. Warm start:
     synthetic forwards through a scratch cache, plain rows (the round fit) and a producer
     with dependents of a few sizes (the level fit, and the fold fit from every repeat), best of `repeat`
     each."""
@@ -195,9 +195,11 @@ def round_steps(model, block_size: int, cal: HandoffCalibration, scan: ScanCosts
     pages = max(pages, max((-(-p // block_size) + len(d) * 4 for p, d in handed), default=0))
     cache = model.allocate_cache(pages + 8, block_size, 4 if hybrid else 0)
 
-    def timed(rows: list[RowInput]) -> tuple[float, dict[int, float]]:
+    def timed(rows: list[RowInput]) -> Iterator[None]:  # one step per forward; returns (best, levels)
         best, levels, base = float("inf"), {}, 0.0
-        for _ in range(repeat):
+        for i in range(repeat):
+            if i:
+                yield
             clock = LevelClock(device, time_fold=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -223,7 +225,7 @@ def round_steps(model, block_size: int, cal: HandoffCalibration, scan: ScanCosts
             need = -(-n // block_size)
             rows.append(RowInput(ids(n), 0, list(range(page, page + need)), None, [], [n - 1]))
             page += need
-        t, _ = timed(rows)
+        t, _ = yield from timed(rows)
         cal.probe_rounds.append((len(rows), sum(lens), t))
         cal.lengths.append(t)
         yield
@@ -237,7 +239,7 @@ def round_steps(model, block_size: int, cal: HandoffCalibration, scan: ScanCosts
             rows.append(RowInput(ids(n), d, list(range(q)) + list(range(page, page + own)), None, [], [n - 1],
                                  after=0))
             page += own
-        t, levels = timed(rows)
+        t, levels = yield from timed(rows)
         extra = sum(levels.values())
         cal.probe_rounds.append((len(rows), plen + sum(n for _, n in deps), t - extra))
         cal.lengths.append(t)

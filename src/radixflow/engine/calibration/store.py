@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from radixflow import __version__
 from radixflow.engine.models.chunk_plan import ScanCosts
 
 FORMAT = 1  # bump when what a file holds changes meaning
@@ -39,6 +38,17 @@ FORMAT = 1  # bump when what a file holds changes meaning
 def default_dir() -> Path:
     """`$RADIXFLOW_CACHE/probes` (the model cache is `$RADIXFLOW_CACHE/models`)."""
     return Path(os.environ.get("RADIXFLOW_CACHE", "~/.cache/radixflow")).expanduser() / "probes"
+
+
+@cache
+def _version() -> str | None:
+    """radixflow's installed version (from its metadata: `radixflow/__init__` imports the engine)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("radixflow")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 @cache
@@ -77,7 +87,7 @@ def machine_key(model, model_dir: str | Path) -> dict:
     p = next(model.parameters())
     return {"format": FORMAT, "model": config_hash(model_dir), "cpu": _cpu_name(),
             "capability": torch.backends.cpu.get_cpu_capability(), "device": str(p.device), "dtype": str(p.dtype),
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "radixflow": __version__,
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "radixflow": _version(),
             "code": code_hash(), "scan_threads": threads_mod.SCAN_THREADS.fixed, "fold": bool(batch_mod.FOLD)}
 
 
