@@ -6,6 +6,8 @@ import argparse
 import json
 import logging
 import os
+import time
+from pathlib import Path
 
 from radixflow.commands import flags
 from radixflow.commands.common import Plan, add_scheduler_flags, positive_int, run_meta, scheduler_config
@@ -26,8 +28,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     add_scheduler_flags(p)
-    flags.add(p, "--kv-cache-memory", help=flags.FLAGS["--kv-cache-memory"]["help"] + "; default: a fraction of "
-                                                                                     "device memory")
+    # serve's defaults (docs/server.md "Defaults"): branch checkpoints where the model is hybrid
+    p.set_defaults(checkpoints=None)
+    for a in p._actions:
+        if a.dest == "checkpoints":
+            a.help = (a.help or "") + " (serve's default: branch for a hybrid model, boundary for full attention)"
+    flags.add(p, "--kv-cache-memory", help=flags.FLAGS["--kv-cache-memory"]["help"] + "; default: the KV pages "
+              "5%% of RAM (of free GPU memory) had, and state slots for 4 per row of --max-num-seqs, at most half "
+              "the available memory (docs/server.md)")
     flags.add(p, "--max-model-len")
     p.add_argument("--max-queue", type=positive_int, default=1024,
                    help="requests accepted but not yet started; beyond this the server answers 429")
@@ -44,6 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--torch-threads",
               help="intra-op CPU threads of the engine thread (0 or unset: torch's; 1 avoids the large "
                    "slowdown of oversubscribed OpenMP when other processes share the cores)")
+    p.add_argument("--warmup", default="lazy", choices=["lazy", "eager"],
+                   help="the engine's warm-up probes (scan chunk costs, the hand-off calibration) and first "
+                        "forward: lazy (default) answers /health first and runs them between requests, with "
+                        "safe defaults until they finish; eager runs them before /health answers")
+    p.add_argument("--probe-cache", type=_probe_cache, default=None,
+                   help="directory keeping the warm-up probes' results (keyed by model, CPU, threads, torch and "
+                        "code; default: $RADIXFLOW_CACHE/probes); off: probe at every start, keep nothing")
     p.add_argument("--debug-endpoints", action="store_true",
                    help="enable GET /debug/cache (pool integrity and what branches hold)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -79,6 +94,15 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --log-requests: characters of each prompt or output logged (default: all)")
 
 
+def _probe_cache(text: str) -> str:
+    if text.strip().lower() == "off":
+        return "off"
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    return str(path)
+
+
 def _json_list(flag: str):
     def parse(text: str) -> list[str]:
         if text.lstrip()[:1] in ('[', '{', '"'):  # JSON, as vLLM reads it
@@ -103,32 +127,75 @@ def _cert_reqs(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--ssl-cert-reqs: ")) from None
 
 
-def engine_config(args) -> EngineConfig:
+def checkpoints_default(model: str) -> str:
+    """serve's --checkpoints where none is given: branch for a hybrid model (exact-depth checkpoints at
+    every known branch point and prompt end), boundary for full attention (every page already is one)."""
+    from radixflow.engine.loader import build_meta
+    from radixflow.engine.tiny import config_of
+
+    try:
+        return "branch" if build_meta(config_of(model)).is_hybrid else "boundary"
+    except (ValueError, TypeError):  # a broken config.json: check_model refuses it, naming the file
+        return "boundary"
+
+
+def engine_config(args, available_memory: int | None = None) -> EngineConfig:
     base = EngineConfig().scheduler
-    sched = scheduler_config(args, default_budget=(base.max_num_seqs, base.max_num_batched_tokens))
+    fixed = {} if args.checkpoints is not None else {"checkpoints": checkpoints_default(args.model)}
+    sched = scheduler_config(args, default_budget=(base.max_num_seqs, base.max_num_batched_tokens), **fixed)
+    probe_cache = None if args.probe_cache == "off" else args.probe_cache or str(default_probe_dir())
     return EngineConfig(model=args.model, policy=args.policy, device=args.device, dtype=args.dtype,
                         scheduler=sched, kv_cache_memory=args.kv_cache_memory,
-                        max_model_len=args.max_model_len, seed=args.seed)
+                        max_model_len=args.max_model_len, seed=args.seed, warmup=args.warmup,
+                        probe_cache=probe_cache, available_memory=available_memory)
 
 
-def plan(args) -> Plan:
+def default_probe_dir() -> Path:
+    from radixflow.engine.calibration.store import default_dir
+
+    return default_dir()
+
+
+def plan(args, available_memory: int | None = None) -> Plan:
     """The engine config `serve` would run and its settings (logged at start-up), without serving."""
-    eng = engine_config(args)
+    eng = engine_config(args, available_memory)
     meta = run_meta("serve", eng.scheduler, model=eng.model, policies=[eng.policy], device=eng.device, dtype=eng.dtype,
                     torch_threads=args.torch_threads or None, kv_cache_memory=eng.kv_cache_memory,
-                    max_model_len=eng.max_model_len, seed=eng.seed)
+                    max_model_len=eng.max_model_len, seed=eng.seed, warmup=eng.warmup,
+                    probe_cache=eng.probe_cache or "off")
     return Plan(meta, eng.scheduler, eng)
 
 
-def server_config(args):
+def pools(eng: EngineConfig, path: Path):
+    """The pools the engine will build (engine/memory.py `plan_pools`), from the model's config on the
+    meta device: no weights read, no memory taken. The memory the default may take is what is available
+    now less the weights' bytes (they are not in yet). ValueError if the budget cannot hold one branch."""
+    import torch
+
+    from radixflow.engine.engine import _dtype
+    from radixflow.engine.loader import build_meta, read_config
+    from radixflow.engine.memory import available_memory, plan_pools
+
+    if eng.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {eng.device}: torch sees no CUDA device")
+    model = build_meta(read_config(path))
+    dtype = _dtype(eng.dtype)
+    layout = model.allocate_cache(1, eng.scheduler.block_size, 1, device="meta", dtype=dtype)
+    weights = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
+    free = max(available_memory(torch.device(eng.device)) - weights, 0)
+    return plan_pools(eng, torch.device(eng.device), layout.kv_bytes_per_token, layout.state_bytes_per_slot,
+                      model.is_hybrid, free), free
+
+
+def server_config(args, available_memory: int | None = None, **startup):
     from radixflow.server.app import ServerConfig
 
-    return ServerConfig(engine=engine_config(args), host=args.host, port=args.port,
+    return ServerConfig(engine=engine_config(args, available_memory), host=args.host, port=args.port,
                         served_model_name=args.served_model_name, max_queue=args.max_queue,
                         default_max_tokens=args.default_max_tokens, drain_timeout=args.drain_timeout,
                         debug_endpoints=args.debug_endpoints, torch_threads=args.torch_threads or None,
                         max_body_bytes=args.max_body_size, max_branches_per_request=args.max_branches_per_request,
-                        **security_fields(args))
+                        **security_fields(args), **startup)
 
 
 def security_fields(args) -> dict:
@@ -142,14 +209,40 @@ def security_fields(args) -> dict:
                 log_requests=args.log_requests, max_log_len=args.max_log_len)
 
 
+def process_age() -> float:
+    """Seconds since this process started (Linux /proc; 0 where it cannot be read)."""
+    try:
+        start = float(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(uptime - start / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def run(args) -> int:
     from radixflow.server.runner import serve
     from radixflow.server.tls import check_tls
 
-    config = server_config(args)  # bad keys fail here, before the port opens
+    age = process_age()
+    started_at = time.monotonic() - age
+    phases = [("python, imports (torch, server), flags", age)]
+    t0 = time.monotonic()
+    server_config(args)  # bad keys fail here, before the port opens
+    path = check_model(resolve_model(args.model))  # a bad name, path or file fails here too
+    phases.append(("model check: config, weight headers, tokenizer", time.monotonic() - t0))
+    t0 = time.monotonic()
+    built, free = pools(engine_config(args), path)  # a budget too small for one branch: exit 2 here
+    config = server_config(args, free, startup=(), started_at=started_at)
     check_tls(config.ssl_keyfile, config.ssl_certfile, config.ssl_ca_certs, config.ssl_cert_reqs)
-    check_model(resolve_model(args.model))  # a bad name, path or file fails here too
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = {k: v for k, v in plan(args).meta.items() if k != "command"}
-    logging.getLogger("radixflow.serve").info("settings: %s", settings)
+    settings = {k: v for k, v in plan(args, free).meta.items() if k not in ("command", "cache_memory_bytes")}
+    settings.update(kv_cache_memory=built.budget, kv_cache_memory_source=built.source, num_kv_pages=built.pages,
+                    num_state_slots=built.slots, kv_pool_bytes=built.pages * built.page_bytes,
+                    state_pool_bytes=built.slots * built.slot_bytes)
+    serve_log = logging.getLogger("radixflow.serve")
+    serve_log.info("settings: %s", settings)
+    if built.warning:
+        serve_log.warning(built.warning)
+    phases.append(("settings: pools sized, TLS files read", time.monotonic() - t0))
+    config.startup, config.startup_mark = tuple(phases), time.monotonic()
     return serve(config, args.log_level)

@@ -7,6 +7,7 @@ wall clock (server).
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -17,10 +18,12 @@ from radixflow.core.batch import Batch
 from radixflow.core.branch import Branch, LogicalRequest
 from radixflow.core.policies import get_arm
 from radixflow.core.scheduler import Scheduler
-from radixflow.engine.calibration import calibration, engine_scan_costs
+from radixflow.engine.calibration.probes import WarmUp
+from radixflow.engine.calibration.store import ProbeStore
 from radixflow.engine.executor import EngineExecutor, RequestState
 from radixflow.engine.loader import LoadedModel, load_model
-from radixflow.engine.memory import default_budget, pool_sizes
+from radixflow.engine.memory import PoolPlan, plan_pools
+from radixflow.engine.models.cache import RowInput
 from radixflow.engine.sampling import SamplingParams
 from radixflow.engine.tiny import resolve_model
 
@@ -38,6 +41,12 @@ class EngineConfig:
     state_memory_fraction: float = 0.3
     max_model_len: int = 8192
     seed: int = 0
+    # the warm-up probes (engine/calibration/probes.py WarmUp): "eager" runs them before the engine is
+    # built; "lazy" builds it with their safe defaults and leaves them to `warm_step` (the server, between
+    # requests). probe_cache: a directory where their results are kept (calibration/store.py); None: none
+    warmup: str = "eager"
+    probe_cache: str | None = None
+    available_memory: int | None = None  # bytes the default pool sizing may assume free; None: read at build
 
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,39 +66,99 @@ class Engine:
             raise ValueError("--device cuda asked for, but torch sees no CUDA device")
         device = torch.device(config.device)
         torch.manual_seed(config.seed)
+        self.startup: list[tuple[str, float]] = []  # (phase, seconds) of building this engine
+        t0 = time.perf_counter()
         self.loaded = loaded or load_model(resolve_model(config.model), device, _dtype(config.dtype))
+        if loaded is None:
+            t0 = self._phase("load weights", t0)
         model = self.loaded.model
         sc = config.scheduler
         layout_cache = model.allocate_cache(1, sc.block_size, 1)
         kv_tok, st_bytes = layout_cache.kv_bytes_per_token, layout_cache.state_bytes_per_slot
         del layout_cache
-        budget = config.kv_cache_memory or default_budget(device, config.memory_fraction)
-        pages, slots = pool_sizes(budget, kv_tok, st_bytes, sc.block_size, config.max_model_len,
-                                  sc.max_num_seqs, model.is_hybrid, config.state_memory_fraction)
-        if model.is_hybrid and slots < 2 * sc.max_num_seqs:  # a row runs on a slot and captures into another
-            per_row = 2 * st_bytes / max(config.state_memory_fraction, 1e-9)
-            warnings.warn(f"KV cache memory of {budget / 2**20:.0f} MiB holds {slots} state slots of "
-                          f"{st_bytes / 2**20:.1f} MiB: about {max(1, slots // 2)} of --max-num-seqs "
-                          f"{sc.max_num_seqs} rows can run in a round; --kv-cache-memory "
-                          f"{-(-per_row * sc.max_num_seqs // 2**20):.0f}MiB or more lets all of them run",
-                          stacklevel=2)
+        self.pools: PoolPlan = plan_pools(config, device, kv_tok, st_bytes, model.is_hybrid,
+                                          config.available_memory)
+        if self.pools.warning:
+            warnings.warn(self.pools.warning, stacklevel=2)
+        pages, slots = self.pools.pages, self.pools.slots
         sc = SchedulerConfig(**{**vars(sc), "num_kv_pages": pages, "num_state_slots": max(slots, 0)})
         self.scheduler_config = sc
         self.cache = model.allocate_cache(pages, sc.block_size, max(slots, 1) if model.is_hybrid else 0)
+        t0 = self._phase("allocate KV pages and state slots", t0)
         self.executor = EngineExecutor(model, self.cache, self.loaded.tokenizer, keep_logits)
         self.scheduler = Scheduler(sc, get_arm(config.policy), model.is_hybrid)
+        self.warmup: WarmUp | None = None
+        # lazy warm-up: a first forward (the model fuses its projections and touches its weights) runs
+        # when the server is first idle, not in the first request; eager builds leave it to the probes
+        self._first_forward = config.warmup == "lazy"
         if model.is_hybrid:  # the engine's own costs: scan chunks always, `auto`'s rule when it decides
-            self.executor.scan_costs = engine_scan_costs(model, sc.state_interval)
-            if sc.handoff != "off":  # measured and predicted either way; `auto` decides by it
-                self.executor.calibration = calibration(model, sc.block_size, self.executor.scan_costs)
-                self.executor.calibration.scan = self.executor.scan_costs  # prices a folded hand-off
+            if config.warmup not in ("eager", "lazy"):
+                raise ValueError(f"warmup must be 'eager' or 'lazy', got {config.warmup!r}")
+            store = ProbeStore(config.probe_cache) if config.probe_cache else None
+            # measured and predicted with --handoff on or auto; `auto` decides by it
+            self.warmup = WarmUp(model, self.loaded.path, sc.block_size, sc.state_interval, sc.handoff != "off",
+                                 store)
+            if config.warmup == "eager":
+                self.warmup.run()
+            self._install_warmup()
             if sc.handoff == "auto":
                 self.scheduler.handoff_source = self.executor.calibration
+            self._phase("probes (" + self.warmup_state() + ")", t0)
         self.now = 0.0
         self.handoff_rows = 0      # rows run as dependents of a same-forward producer (SPEC §15)
         self.handoff_time = 0.0    # seconds measured in their extra recurrent levels
         self.requests: dict[str, LogicalRequest] = {}
         self._grammar_compiler = None
+
+    def _phase(self, name: str, t0: float) -> float:
+        t = time.perf_counter()
+        self.startup.append((name, t - t0))
+        return t
+
+    def _install_warmup(self) -> None:
+        w = self.warmup
+        self.executor.scan_costs = w.scan
+        if w.cal is not None:
+            self.executor.calibration = w.cal
+            w.cal.scan = w.scan  # prices a folded hand-off
+
+    @property
+    def warming(self) -> bool:
+        """True while warm-up work is left (`warmup="lazy"`): the first forward, probes."""
+        return self._first_forward or (self.warmup is not None and not self.warmup.done)
+
+    def warm_step(self) -> bool:
+        """Runs one step of the warm-up left (the first forward, then a scan layout or a synthetic forward
+        of the probes still missing) and installs what finished; False once none is left. Between rounds
+        only: it uses the model."""
+        if self._first_forward:
+            t0 = time.perf_counter()
+            model = self.loaded.model
+            scratch = model.allocate_cache(1, self.scheduler_config.block_size, 1 if model.is_hybrid else 0)
+            model([RowInput([0], 0, [0], None, [], [0])], scratch)
+            self._first_forward = False
+            self.startup.append(("first forward (after ready)", time.perf_counter() - t0))
+            return self.warming
+        if not self.warming:
+            return False
+        more = self.warmup.step()
+        self._install_warmup()
+        return more
+
+    def warmup_state(self) -> str:
+        """Where each probe's results came from: 'scan cached on disk, rounds probed 3.1 s', ..."""
+        w = self.warmup
+        if w is None:
+            return "none: no recurrent layer"
+        words = {"memory": "from an earlier engine", "disk": "from the probe cache"}
+        parts = []
+        for k in ("scan", "rounds"):
+            if k == "rounds" and w.cal is None:
+                continue
+            src = w.source.get(k)
+            parts.append(f"{k} {words[src]}" if src in words else f"{k} probed {w.seconds[k]:.1f} s" if src
+                         else f"{k} pending")
+        return ", ".join(parts)
 
     @property
     def tokenizer(self):

@@ -11,6 +11,8 @@ naming it, and a broken file gives a `ModelLoadError`: one line naming the file 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,12 +65,44 @@ def check_model(path: str | Path) -> Path:
     return path
 
 
+# torch.nn.init's functions, made no-ops while a model is built on the meta device (as transformers'
+# `no_init_weights` does): meta tensors hold no values, and a meta `normal_` imports torch._dynamo on
+# first use (5-7 s of a server's start-up on a loaded 2-core machine).
+_INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                   "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+                   "sparse_")
+
+
+@contextmanager
+def meta_build() -> Iterator[None]:
+    """Modules built inside go on the meta device and skip their parameter init (no memory, no values)."""
+    init = torch.nn.init
+    saved = {name: getattr(init, name) for name in _INIT_FUNCTIONS if hasattr(init, name)}
+    try:
+        for name in saved:
+            setattr(init, name, _keep)
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, fn in saved.items():
+            setattr(init, name, fn)
+
+
+def _keep(tensor, *args, **kwargs):
+    return tensor
+
+
+def build_meta(hf_config: dict[str, Any]) -> CausalLM:
+    """The model of a config.json dict on the meta device (ValueError / TypeError from the config)."""
+    with meta_build():
+        return build_model(hf_config)
+
+
 def _build(path: Path) -> CausalLM:
     """The model of `path/config.json` on the meta device (no memory), or ModelLoadError."""
     hf_config = read_config(path)
     try:
-        with torch.device("meta"):
-            return build_model(hf_config)
+        return build_meta(hf_config)
     except ValueError as e:
         raise ModelLoadError(f"{path / 'config.json'}: {_strip(str(e))}") from None
     except TypeError as e:  # e.g. "hidden_size": "64"

@@ -81,6 +81,19 @@ def resolve_model(name_or_path: str | Path) -> Path:
                      f"{', '.join(RANDOM_MODELS)})")
 
 
+def config_of(name_or_path: str | Path) -> dict[str, Any]:
+    """The config.json dict of a tiny or `random:` model name (without building it) or of a model
+    directory (FileNotFoundError / ModelLoadError as `load_model` gives them)."""
+    from .loader import read_config
+    from .random_models import is_random_name, random_config
+
+    if str(name_or_path) in TINY_CONFIGS:
+        return TINY_CONFIGS[str(name_or_path)]
+    if is_random_name(str(name_or_path)):
+        return random_config(str(name_or_path))
+    return read_config(Path(name_or_path).expanduser())
+
+
 def ensure_tiny_model(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> Path:
     """Directory of tiny model `name` for `seed`, writing it atomically the first time."""
     if name not in TINY_CONFIGS:

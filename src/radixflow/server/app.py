@@ -59,6 +59,10 @@ class ServerConfig:
     root_path: str = ""  # the prefix a path-routing proxy strips
     log_requests: bool = False  # log prompt and output texts (else logs never hold request text)
     max_log_len: int | None = None  # with log_requests: characters of each text logged
+    # start-up phases measured before the app exists (commands/serve.py), logged with the engine's
+    startup: tuple[tuple[str, float], ...] = ()
+    started_at: float | None = None  # time.monotonic() when the process started
+    startup_mark: float | None = None  # time.monotonic() when those phases ended
 
 
 class ServerState:
@@ -70,6 +74,8 @@ class ServerState:
         self.model_name = config.served_model_name or config.engine.model
         self.metrics = ServerMetrics(sc.max_num_seqs, sc.max_num_batched_tokens, self.model_name)
         self.loop = EngineLoop(config.engine, self.metrics, config.max_queue, config.torch_threads)
+        self.loop.startup = list(config.startup)
+        self.loop.started_at, self.loop.startup_mark = config.started_at, config.startup_mark
         self.created = int(time.time())
 
     def engine_for(self, model: str | None) -> Engine:

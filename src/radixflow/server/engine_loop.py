@@ -93,6 +93,10 @@ class EngineLoop:
         self._in_flight = 0  # accepted requests not finished, failed or aborted
         self._live: dict[str, Submission] = {}  # engine thread only
         self._thread = threading.Thread(target=self._main, name="radixflow-engine", daemon=True)
+        # start-up phases (name, seconds) before this loop: the server's (commands/serve.py), then the engine's
+        self.startup: list[tuple[str, float]] = []
+        self.started_at: float | None = None  # time.monotonic() at the process's start, if known
+        self.startup_mark: float | None = None  # time.monotonic() at the end of those phases, if known
 
     # ================================================================== handler side
     def start(self) -> None:
@@ -152,6 +156,9 @@ class EngineLoop:
     def _main(self) -> None:
         if self.torch_threads:  # per thread: only the engine's intra-op pool changes
             torch.set_num_threads(self.torch_threads)
+        t0 = time.monotonic()
+        if self.startup_mark is not None:
+            self.startup.append(("server: app, uvicorn, engine thread", t0 - self.startup_mark))
         try:
             self.engine = Engine(self.config)
         except BaseException as e:  # reported as 503 on every call and by /health
@@ -162,6 +169,7 @@ class EngineLoop:
         # reach, so a full collection (triggered by a request that builds 100k branches) scans only
         # what requests made, instead of stopping every thread for ~0.4 s.
         gc.freeze()
+        self._log_startup(time.monotonic() - t0)
         try:
             self._serve()
         finally:
@@ -181,6 +189,8 @@ class EngineLoop:
             if not self._apply_commands(self._wait_time(progressed)):
                 break
             if not eng.has_unfinished:  # an abort or a refused add may have left the engine idle
+                if eng.warming:  # idle: one step of the warm-up probes left (a scan layout or a forward)
+                    self._warm_step()
                 self._update_gauges()
                 progressed = True
                 continue
@@ -201,10 +211,39 @@ class EngineLoop:
             self._update_gauges()
         self._fail_all(APIError(503, "the server stopped", None, "stopped"))
 
+    def _log_startup(self, engine_seconds: float) -> None:
+        """One line per start-up phase, with its seconds (docs/server.md "Start-up")."""
+        eng = self.engine
+        for name, secs in self.startup:
+            log.info("start-up: %-44s %6.2f s", name, secs)
+        for name, secs in eng.startup:
+            log.info("start-up: %-44s %6.2f s", name, secs)
+        other = engine_seconds - sum(s for _, s in eng.startup)
+        log.info("start-up: %-44s %6.2f s", "engine: the rest (scheduler, tokenizer)", max(other, 0.0))
+        if self.started_at is not None:
+            log.info("start-up: ready %.2f s after the process started", time.monotonic() - self.started_at)
+        log.info("pools built: %s", eng.pools.describe())
+        if eng.warming:
+            log.info("warm-up probes pending (%s): they run between requests; until then levels run the "
+                     "default scan chunk and --handoff auto hands off without a cost model", eng.warmup_state())
+
+    def _warm_step(self) -> None:
+        eng = self.engine
+        before = dict(eng.warmup.source) if eng.warmup is not None else {}
+        done = len(eng.startup)
+        eng.warm_step()
+        for name, secs in eng.startup[done:]:
+            log.info("start-up: %-44s %6.2f s", name, secs)
+        for k in eng.warmup.source if eng.warmup is not None else ():
+            if k not in before:
+                saved = eng.warmup.saved.get(k)
+                log.info("warm-up probe %s done after ready: %.1f s%s", k, eng.warmup.seconds.get(k, 0.0),
+                         f", kept in {saved}" if saved else "")
+
     def _wait_time(self, progressed: bool) -> float | None:
         eng = self.engine
         if not eng.has_unfinished:
-            return None  # block until a command
+            return 0.0 if eng.warming else None  # block until a command, unless probes are left
         if progressed:
             return 0.0
         deadline = eng.idle_until()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .host_memory import keep_freed_blocks
@@ -70,11 +71,11 @@ class ModelCache:
         self.num_state_slots = num_state_slots if layout.states else 0
         self.device, self.dtype = torch.device(device), dtype
         kv_shape = (num_pages, block_size, layout.num_kv_heads, layout.head_dim)
-        self.k = [torch.zeros(kv_shape, device=device, dtype=dtype) for _ in range(layout.num_kv_layers)]
-        self.v = [torch.zeros(kv_shape, device=device, dtype=dtype) for _ in range(layout.num_kv_layers)]
+        self.k = [_zeros(kv_shape, device, dtype) for _ in range(layout.num_kv_layers)]
+        self.v = [_zeros(kv_shape, device, dtype) for _ in range(layout.num_kv_layers)]
         n = self.num_state_slots
-        self.conv = [torch.zeros((n, *s.conv), device=device, dtype=dtype) for s in layout.states]
-        self.rec = [torch.zeros((n, *s.rec), device=device, dtype=torch.float32) for s in layout.states]
+        self.conv = [_zeros((n, *s.conv), device, dtype) for s in layout.states]
+        self.rec = [_zeros((n, *s.rec), device, torch.float32) for s in layout.states]
 
     def copy_state(self, src_slot: int, dst_slot: int) -> None:
         """Copy every linear layer's (conv, rec) state from one slot to another."""
@@ -105,6 +106,16 @@ class ModelCache:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_state_slots:
             raise IndexError(f"state slot {slot} out of range [0, {self.num_state_slots})")
+
+
+def _zeros(shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """Zeros; on CPU from calloc (numpy), whose fresh pages the kernel zeroes on first touch: a pool of
+    gigabytes costs nothing until its pages are used, where torch.zeros writes every page at start-up
+    (7-10 s for 1.8 GB on a loaded 2-core machine, docs/server.md "Start-up")."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, device=device, dtype=dtype)
+    raw = torch.from_numpy(np.zeros(_numel(shape) * _itemsize(dtype), dtype=np.uint8))
+    return raw.view(dtype).view(shape)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
