@@ -109,9 +109,9 @@ def within(r: dict, base: dict) -> bool:
 
 
 def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, only: list[int] | None = None,
-          backends_only: list[str] | None = None) -> None:
+          backends_only: list[str] | None = None, seeds: list[int] | None = None) -> None:
     t0 = time.perf_counter()
-    cfgs = sweep_configs(small)
+    cfgs = [c for sd in seeds or (0,) for c in sweep_configs(small, seed=sd)]
     if only is not None:
         bad = [i for i in only if not 0 <= i < len(cfgs)]
         if bad:
@@ -142,6 +142,9 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
     worst = {b: [0.0, 0.0, 0.0] for b in others}  # per call x lru, total x lru, 4x / 1x per call
     gains, path = {b: [] for b in others}, {b: [] for b in others}
     best: list[tuple[str, float]] = []
+    halves: list[tuple[str, float, float, bool]] = []  # (config, oracle's gain, adaptive's, adaptive lost)
+    py_call: dict[str, list[float]] = {b: [] for b in others}  # x lru@py: the same (Python) tree core
+    py_path: dict[str, list[float]] = {b: [] for b in others}
     for cfg in cfgs:
         res = run_config_timed(cfg, backends)
         base = res["lru"]
@@ -185,14 +188,24 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
         if cfg["regime"] == "inside" and base["p99"]:
             for b in others:
                 gains[b].append(1 - res[b]["p99"] / base["p99"])
+        py = res.get("lru@py")
+        if py is not None:
+            for b in others:
+                if py["calls"] and res[b]["calls"]:
+                    py_call[b].append(res[b]["per_call"] / py["per_call"])
+                py_path[b].append(res[b]["per_request"] / py["per_request"])
         if with_oracle:
             rule, gain = sw.oracle(res)
             print(f"| {cfg['name']} | {cfg['page']} | {cfg['m']:.1f} | {cfg['regime']} | **oracle**: {rule} | | "
                   f"{-100 * gain:+.1f} % | | | | | | |", flush=True)
             if cfg["regime"] == "inside":
                 best.append((rule, gain))
+            ad = res.get("radixflow-adaptive")
+            if ad is not None and gain >= 0.10:
+                halves.append((f"{cfg['name']} m={cfg['m']:.1f} page {cfg['page']}", gain,
+                               1 - ad["p99"] / base["p99"], loses(ad, base)))
     pairs = 0
-    if not small and not four_x and only is None:
+    if not small and not four_x and only is None and not seeds:
         print("\n## per-call eviction time at a pool and at 4x that pool (4x the agents), CPU µs (× lru); "
               "each pair counts as one config of the cost bound (per call <= 2x and total <= 3x lru at both pools, "
               "per call at 4x <= 1.5x the backend's own at 1x)")
@@ -250,6 +263,18 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
               f"{sum(x >= 0.30 for x in g)}, > 0 on {sum(x > 0 for x in g)}; rules: "
               + ", ".join(f"{r} {sum(1 for b, _ in best if b == r)}" for r in sw.ORACLE_RULES
                           if any(b == r for b, _ in best)))
+    if with_oracle and "radixflow-adaptive" in others:
+        reached = [h for h in halves if h[2] >= h[1] / 2 and not h[3]]
+        print(f"oracle P99 gain >= 10 % on {len(halves)} of {len(cfgs)} configs; radixflow-adaptive reaches half of "
+              f"it on {len(reached)} of {len(halves)}"
+              + "".join(f"\n  {'half' if h in reached else 'SHORT'}: {h[0]}: oracle {100 * h[1]:.1f} %, adaptive "
+                        f"{100 * h[2]:.1f} %{' (a loss)' if h[3] else ''}" for h in halves))
+    for b in others:
+        if py_path[b] and b != "lru@py":
+            print(f"{b}: on SGLang's Python tree core (x lru@py, medians over the {len(py_path[b])} configs): "
+                  f"per evict call {statistics.median(py_call[b]) if py_call[b] else 0:.2f}x, request path "
+                  f"(match + lock + "
+                  f"allocate/evict + insert) {statistics.median(py_path[b]):.2f}x")
     print(f"wall {time.perf_counter() - t0:.0f} s")
 
 
@@ -271,14 +296,17 @@ def main() -> None:
     ap.add_argument("--oracle", action="store_true",
                     help="with --sweep: also the tail rule at 8 cold shares, and per config the best fixed rule "
                          "of 12 that does not lose to lru")
+    ap.add_argument("--seeds", default=None,
+                    help="with --sweep: the sweep's shapes drawn with these seeds instead (comma list; 0 is the "
+                         "sweep's own workloads; held-out runs)")
     ap.add_argument("--configs", default=None,
                     help="with --sweep: only these configs, by index (comma list, as sglang_eviction_cost.py; "
                          "no 4x pairs then)")
     ap.add_argument("--backends", default=None,
                     help="with --sweep: only these backends (comma list; lru is always run, as the baseline)")
     args = ap.parse_args()
-    if (args.small or args.oracle or args.four_x or args.configs or args.backends) and not args.sweep:
-        ap.error("--small, --oracle, --four-x, --configs and --backends only go with --sweep")
+    if (args.small or args.oracle or args.four_x or args.configs or args.backends or args.seeds) and not args.sweep:
+        ap.error("--small, --oracle, --four-x, --configs, --backends and --seeds only go with --sweep")
     if args.sweep:
         try:
             only = None if args.configs is None else [int(x) for x in args.configs.split(",") if x.strip()]
@@ -286,7 +314,12 @@ def main() -> None:
             ap.error(f"--configs takes config indices, as 0,2,15; got {args.configs!r}")
         picked = None if args.backends is None else [b.strip() for b in args.backends.split(",") if b.strip()]
         try:
-            sweep(small=args.small, with_oracle=args.oracle, four_x=args.four_x, only=only, backends_only=picked)
+            seeds = None if args.seeds is None else [int(x) for x in args.seeds.split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--seeds takes seeds, as 7,8,9; got {args.seeds!r}")
+        try:
+            sweep(small=args.small, with_oracle=args.oracle, four_x=args.four_x, only=only, backends_only=picked,
+                  seeds=seeds)
         except ValueError as e:
             ap.error(str(e))
         return

@@ -56,14 +56,38 @@ def test_shadow_rename_carries_a_trajectory_to_its_new_key():
     assert s.kept == {("", 100, (2,)): 200} and s.total == 200
 
 
-def test_duel_is_lru_until_the_warmup_and_where_lru_keeps_every_history():
+def test_shadow_lru_frees_whole_nodes_as_sglangs_lru_does():
+    """A history inserted in two requests is two nodes (its first call's 100 tokens, then the 40 the
+    second added): lru's shadow frees the last node whole for a 10-token need, then the first."""
+    s = Shadow(None)
+    s.access(("", 0, (1,)), 0, 100, None, 1, budget=1000)
+    s.begin(("", 0, (1,)), 2)
+    s.access(("", 0, (1,)), 0, 140, 100, 3, budget=1000)
+    s.access(("", 0, (2,)), 0, 100, None, 4, budget=230)  # 240 held, 230 fit
+    assert s.kept_of(("", 0, (1,))) == 100 and s.total == 200
+    s.access(("", 0, (3,)), 0, 10, None, 5, budget=205)
+    assert s.kept_of(("", 0, (1,))) == 0 and s.total == 110
+
+
+def test_shadow_p99_is_the_metrics_percentile_over_its_window():
+    from radixflow.core.metrics import percentile
+
+    s = Shadow(None)
+    s.WINDOW, s.RECENT = 50, 30
+    vals = [(7 * i) % 97 for i in range(120)]
+    for v in vals:
+        s._count(10, v)
+    assert s.p99() == percentile(vals[-50:], 0.99) and s.hit_sum == 500 and s.recent_sum == 300
+
+
+def test_duel_is_lru_before_its_evidence_and_where_lru_keeps_every_history():
     rule = DuelRule()
     _stream(rule, 8, 40, 1000, budget=8 * 3000)  # room for all: nothing lost whole
-    assert rule.returns > rule.WARMUP and rule.lru.whole == 0
+    assert rule.returns > rule.MIN_RETURNS and rule.lru.whole == 0
     assert rule.decide() is None
     early = DuelRule()
-    _stream(early, 8, 2, 1000, budget=6 * 1100)  # lru loses whole histories, but only 8 returns
-    assert early.returns < early.WARMUP and early.decide() is None
+    _stream(early, 8, 1, 1000, budget=6 * 1100)  # lru loses whole histories, but no return yet
+    assert early.returns < early.MIN_RETURNS and early.decide() is None
 
 
 def test_duel_takes_a_tail_where_lru_loses_whole_histories_and_tails_keep_the_hits():
@@ -72,7 +96,19 @@ def test_duel_takes_a_tail_where_lru_loses_whole_histories_and_tails_keep_the_hi
     assert rule.lru.whole > 0.5 * rule.returns
     assert rule.decide() is not None
     best = next(s for s in rule.tails if s.q == rule.decide())
-    assert best.p99() <= 0.9 * rule.lru.p99() and best.hits >= rule.lru.hits * (1 - rule.HIT_SLACK)
+    assert best.p99() <= (1 - rule.P99_GAIN) * rule.lru.p99()
+    assert best.hit_sum >= rule.lru.hit_sum * (1 - rule.STAY_SLACK)
+
+
+def test_duel_returns_to_lru_at_once_when_the_tail_shadow_shows_a_hit_loss():
+    rule = DuelRule()
+    _stream(rule, 16, 24, 1000, budget=15 * 1100)
+    q = rule.decide()
+    assert q is not None
+    cur = next(s for s in rule.tails if s.q == q)
+    for s in rule.tails:  # every tail shadow now trails lru's hits by more than the slack
+        s.hit_sum = int(rule.lru.hit_sum * (1 - 2 * rule.STAY_SLACK))
+    assert cur.p99() < rule.lru.p99() and rule.duel() is None
 
 
 def test_veto_reverts_to_lru_when_the_real_hits_fall_behind_the_lru_ghost():
@@ -101,3 +137,44 @@ def test_forced_rule_is_the_cache_built_inside_only():
 def test_water_level(depths, need, unit, level):
     assert water_level(depths, need, unit) == level
     assert sum(max(0, d - level) for d in depths) >= min(need, sum(depths))
+
+
+def test_our_cache_runs_the_same_duel_as_the_sglang_backend_on_a_shared_trace(monkeypatch):
+    """`radixflow simulate --eviction adaptive`'s policy (our `RadixIndex`, cache/eviction/adaptive.py)
+    and SGLang's `radixflow-adaptive` on the same agentic requests, tail calls unbatched on both (the
+    walk our index runs): the same duel, fed by each cache's hooks, answers lru on the same calls until
+    it leaves lru on the same call for the same cold share, and up to there every request finds the same
+    hit in both caches. (Not call for call after that: the budgets the two caches report differ by a
+    page, SGLang's allocator keeps one back, and by the shared prompt on a few early inserts, so the
+    tail shadows' P99s part by a few tokens; docs/eviction.md, "Issue #43".)"""
+    from radixflow.integrations.sglang import sweep
+    from radixflow.integrations.sglang.twins import FULL, IndexTwin, SGLangTwin
+    from radixflow.workloads.agentic import AgenticSpec, agentic_sessions
+
+    monkeypatch.setenv("RADIXFLOW_SGLANG_CUT_AHEAD", "1")
+    monkeypatch.setenv("RADIXFLOW_SGLANG_CUTS_PER_CALL", "0")
+    sessions = agentic_sessions(AgenticSpec(n_agents=16, idle_fraction=0.75, calls=8, system_len=256,
+                                            context_len=512, append_len=32, output_len=8, seed=7))
+    cfg = sweep._pooled("agentic n=16 s=0.75", sessions, 16, (4 + 2 * 12 / 3,), 4.0, 16)[0]
+    modes: dict[str, list] = {"ours": [], "sglang": []}
+
+    def logged(rule, out):
+        decide = rule.decide
+
+        def wrapped():
+            out.append((decide(), rule.returns))
+            return out[-1][0]
+
+        rule.decide = wrapped
+
+    ours = IndexTwin("adaptive", cfg["capacity"], cfg["page"])
+    logged(ours.index.eviction.rule, modes["ours"])
+    theirs = SGLangTwin("radixflow-adaptive", cfg["capacity"], cfg["page"])
+    logged(theirs.cache.components[FULL].rule, modes["sglang"])
+    ours_missed = sweep.replay(ours, sessions, 1.0)
+    theirs_missed = sweep.replay(theirs, sessions, 1.0)
+    first = next((i for i, (q, _) in enumerate(modes["sglang"]) if q is not None), None)
+    assert first is not None and first > 0, "the duel never left lru (or at once): the test checks nothing"
+    assert modes["ours"][: first + 1] == modes["sglang"][: first + 1]
+    returns = modes["sglang"][first][1]
+    assert ours_missed[:returns] == theirs_missed[:returns]

@@ -87,7 +87,7 @@ def test_adaptive_is_lru_call_by_call_when_its_evidence_says_lru(monkeypatch):
     tw, calls, missed = _logged("radixflow-adaptive", cfg)
     comp = tw.cache.components[FULL]
     assert comp.tail_calls > 0 and missed != lru_missed  # the duel acts here: the test below means something
-    monkeypatch.setattr(DuelRule, "WHOLE", 2.0)  # evidence for lru: never enough whole losses
+    monkeypatch.setattr(DuelRule, "WHOLE", 10**9)  # evidence for lru: never enough whole losses
     tw, calls, missed = _logged("radixflow-adaptive", cfg)
     base, base_calls, base_missed = _logged("lru@py", cfg)
     comp = tw.cache.components[FULL]

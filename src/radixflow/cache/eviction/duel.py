@@ -2,40 +2,47 @@
 share of the idle histories, chosen per evict call by shadow caches (docs/eviction.md,
 "radixflow-adaptive").
 
-A `Shadow` is a light simulated cache: one token count per trajectory (where its unshared chain
-starts, what it keeps of its private tokens, its last access), replaying the requests the real cache
-sees under one fixed rule, in the real cache's budget. `DuelRule` runs five of them on the same
-stream: lru, and the tail rule at cold shares q = 1/8, 1/4, 3/8, 1/2 (the q least recently used
-idle trajectories levelled from the deepest down, water-filling). It answers lru (None) until
-`WARMUP` returns were seen; after that the tail share whose shadow has the lowest P99 missed tokens,
-if that P99 is at least `P99_GAIN` below lru's shadow and its hit tokens are not more than
-`HIT_SLACK` below lru's; otherwise lru. A veto watches the real cache: while tails act, its hit
-tokens per return against the lru shadow's on the same returns must not fall more than `VETO_SLACK`
-below what they were while the cache ran lru; if they do, lru for `VETO_HOLD` returns.
+A `Shadow` is a light simulated cache: keys and token counts per trajectory (where its unshared
+chain starts, what it keeps of its private tokens, its last access; for lru where its nodes start),
+no tensors, replaying the requests the real cache sees under one fixed rule in the real cache's
+budget. `DuelRule` runs nine of them on the same stream: lru (freeing whole nodes, as SGLang's lru
+does), and the tail rule at the sweep oracle's cold shares q = 1/8 ... 1 (the q least recently used
+idle trajectories levelled from the deepest down). It answers lru (None) until `MIN_RETURNS`
+returns and `WHOLE` whole losses of lru's shadow; then, every `EVERY` returns, the tail share whose
+shadow has the lowest P99 missed tokens at least `P99_GAIN` below lru's shadow's, with its hits not
+more than `HIT_SLACK` (window) and `RECENT_SLACK` (latest returns) below lru's; the share in use
+stays within `STAY_SLACK` unless another is `SWITCH_GAIN` better, and goes back to lru at the first
+duel its shadow shows a hit loss. A veto watches the real cache: from its first tail call, its hit
+tokens on returns against the lru shadow's on the same returns must not fall more than
+`VETO_SLACK` below the ratio they had while the cache ran lru; if they do, lru for `VETO_HOLD`
+returns. Why these margins, and what they cost: docs/eviction.md, "Issue #43".
 
 The tail rule's cut (`water_level`, `cut_target`, `cut_cold`) runs over any `TreeView`. No SGLang here.
 """
 
 from __future__ import annotations
 
-import math
+import bisect
+import itertools
 from collections import deque
 
 from radixflow.cache.eviction.view import KEY_TOKENS, chain_top, cut_to
 
-TAIL_SHARES = (0.125, 0.25, 0.375, 0.5)  # the duel's tail shadows (docs/eviction.md: with 0.75 and 1,
-# more P99 wins and hit losses of 1.0-1.7 % on the sweep's short runs)
+# the duel's tail shadows: the oracle's eight cold shares (sweep.ORACLE_SHARES), so the duel can pick
+# whichever of them the sweep's oracle would (docs/eviction.md, "radixflow-adaptive")
+TAIL_SHARES = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 LEVEL_STEP = 16  # tokens: the tail rule levels in steps of at least this (a page of 16 at page 1: a call
 # trims the few deepest cold leaves one step, not every cold leaf by a few tokens; issue #30's cost)
 
 class Shadow:
     """A simulated cache at trajectory grain under one rule: `q` None is lru (the least recently
-    accessed trajectory loses its tail first, then the next), else the tail rule at cold share `q`.
-    Counts hit tokens (start + what it kept) and missed tokens (private length now less what it
-    kept) at every return."""
+    accessed idle trajectory loses its tail first, then the next), else the tail rule at cold share
+    `q`. Counts, at every return, hit tokens (start + what it kept) and missed tokens (private length
+    now less what it kept), over the last `WINDOW` returns, and over the last `RECENT` for the hits.
+    Keys and token counts only: no tensors, no tree."""
 
-    WINDOW = 1024  # returns the P99 is taken over
-    HIT_WINDOW = 256  # returns the hits are compared over (the first returns find every rule alike)
+    WINDOW = 1024  # returns the P99 and the hit sum are taken over
+    RECENT = 128  # returns the quick return to lru looks at
 
     def __init__(self, q: float | None = None) -> None:
         if q is not None and not 0.0 < q <= 1.0:
@@ -43,16 +50,33 @@ class Shadow:
         self.q = q
         self.kept: dict[tuple, int] = {}  # private tokens kept, by trajectory key (only > 0)
         self.start: dict[tuple, int] = {}
-        self.tick: dict[tuple, int] = {}
+        self.tick: dict[tuple, int] = {}  # last access, in recency order (oldest first)
+        self._stale = False  # a rename put a key out of recency order
+        # lru only: where each kept chain's nodes start (private offsets > 0): SGLang's lru frees a
+        # whole leaf node at a time, so its shadow does too (a returning history's first node, its
+        # task and files, goes at once, not a page off it)
+        self.bounds: dict[tuple, list[int]] | None = {} if q is None else None
         self.total = 0
-        self.hits = 0
+        self.hits = 0  # hit tokens of every return
         self.whole = 0  # returns that found nothing of their own kept
-        self.recent: deque[int] = deque(maxlen=self.HIT_WINDOW)  # hit tokens of the latest returns
-        self.missed: deque[int] = deque(maxlen=self.WINDOW)
         self.running: dict[tuple, int] = {}  # trajectories a running request holds: what it found kept
+        self._missed: deque[int] = deque()
+        self._sorted: list[int] = []  # `_missed`, sorted (the P99 without a sort per duel)
+        self._hits: deque[int] = deque()
+        self.hit_sum = 0  # hit tokens over the window
+        self.recent_sum = 0  # ... over the last RECENT returns
+
+    @property
+    def missed(self) -> list[int]:
+        return list(self._missed)
 
     def kept_of(self, key: tuple) -> int:
         return self.kept.get(key, 0)
+
+    def _touch(self, key: tuple, now: int) -> None:
+        tick = self.tick
+        tick.pop(key, None)
+        tick[key] = now
 
     def begin(self, key: tuple, now: int) -> None:
         """A request of trajectory `key` takes its hit: what is kept now is its hit, and nothing of
@@ -60,7 +84,7 @@ class Shadow:
         if key not in self.running:
             self.running[key] = self.kept.get(key, 0)
             if key in self.tick:
-                self.tick[key] = now
+                self._touch(key, now)
 
     def access(self, key: tuple, start: int, length: int, prev: int | None, now: int, budget: int) -> None:
         """Trajectory `key` (chain from `start`) was inserted at `length` private tokens; `prev`: its
@@ -70,15 +94,33 @@ class Shadow:
         if prev is not None:
             k = min(found, old, prev)
             self.whole += k == 0
-            self.hits += start + k
-            self.recent.append(start + k)
-            self.missed.append(length - k)
+            self._count(start + k, length - k)
+        if self.bounds is not None:
+            b = self.bounds.setdefault(key, [])
+            while b and b[-1] >= old:
+                b.pop()
+            if 0 < old < length:
+                b.append(old)
         self.kept[key] = length
         self.start[key] = start
-        self.tick[key] = now
+        self._touch(key, now)
         self.total += length - old
         if self.total > budget:
             self._evict(self.total - budget, key)
+
+    def _count(self, hit: int, miss: int) -> None:
+        self.hits += hit
+        hits, missed, srt = self._hits, self._missed, self._sorted
+        hits.append(hit)
+        self.hit_sum += hit
+        self.recent_sum += hit
+        if len(hits) > self.RECENT:
+            self.recent_sum -= hits[-self.RECENT - 1]
+        missed.append(miss)
+        bisect.insort(srt, miss)
+        if len(missed) > self.WINDOW:
+            self.hit_sum -= hits.popleft()
+            del srt[bisect.bisect_left(srt, missed.popleft())]
 
     def rename(self, old: tuple, new: tuple, shift: int) -> None:
         """`old` is `new` from now on, starting `shift` tokens deeper (those are shared now; negative:
@@ -90,38 +132,60 @@ class Shadow:
         self.start.pop(old, None)
         self.total -= k
         keep = max(0, k - shift) if k else max(0, -shift)
+        bounds = self.bounds
+        moved = bounds.pop(old, None) if bounds is not None else None
         if keep and new not in self.kept:
+            if bounds is not None:
+                bounds[new] = [b - shift for b in moved or () if 0 < b - shift < keep]
             self.kept[new] = keep
             self.tick[new] = tick
             self.start[new] = new[1]
             self.total += keep
+            self._stale = True
 
     def p99(self) -> float:
-        """The 0.99 quantile of the missed tokens, interpolated between ranks (0 with no returns)."""
-        if not self.missed:
+        srt = self._sorted
+        if not srt:
             return 0.0
-        v = sorted(self.missed)
-        k = (len(v) - 1) * 0.99
-        lo = math.floor(k)
-        return v[lo] + (v[math.ceil(k)] - v[lo]) * (k - lo)
+        k = (len(srt) - 1) * 0.99  # as core.metrics.percentile
+        lo = int(k)
+        hi = min(lo + 1, len(srt) - 1)
+        return srt[lo] + (srt[hi] - srt[lo]) * (k - lo)
+
+    def _idle(self, protect: tuple):
+        if self._stale:
+            self.tick = dict(sorted(self.tick.items(), key=_second))
+            self._stale = False
+        run = self.running
+        return (k for k in self.tick if k != protect and k not in run)
 
     def _evict(self, need: int, protect: tuple) -> None:
-        run = self.running
-        idle = sorted((k for k in self.kept if k != protect and k not in run), key=self.tick.__getitem__)
+        kept = self.kept
         if self.q is None:
-            for k in idle:
-                if need <= 0:
-                    break
-                need -= self._cut(k, self.kept[k] - need)
+            bounds = self.bounds
+            while need > 0:  # the least recent idle trajectories, a few at a time (cuts drop keys)
+                batch = list(itertools.islice(self._idle(protect), 4))
+                if not batch:
+                    return
+                for k in batch:
+                    b = bounds.get(k)
+                    while need > 0 and k in kept:
+                        need -= self._cut(k, b.pop() if b else 0)
+                    if need <= 0:
+                        return
             return
-        while need > 0 and idle:
-            cold = idle[: max(1, int(len(idle) * self.q + 0.999))]
-            level = _level(cold, self.start, self.kept, need)
+        start, run, tick = self.start, self.running, self.tick
+        while need > 0:
+            busy = sum(1 for k in run if k in tick) + (protect in tick and protect not in run)
+            idle = len(tick) - busy
+            if idle <= 0:
+                return
+            cold = list(itertools.islice(self._idle(protect), max(1, int(idle * self.q + 0.999))))
+            level = _level(cold, start, kept, need)
             freed = 0
             for k in cold:
-                freed += self._cut(k, max(0, level - self.start[k]))
+                freed += self._cut(k, max(0, level - start[k]))
             need -= freed
-            idle = [k for k in idle if k in self.kept]
             if not freed:
                 return
 
@@ -136,40 +200,51 @@ class Shadow:
             self.kept[key] = keep
         else:
             del self.kept[key], self.start[key], self.tick[key]
+            if self.bounds is not None:
+                self.bounds.pop(key, None)
         return have - keep
 
 
-def _level(keys: list, start: dict, kept: dict, need: int) -> int:
+def _second(item):
+    return item[1]
+
+
+def _level(keys, start: dict, kept: dict, need: int) -> int:
     """The deepest depth L such that cutting every trajectory of `keys` to max(L, its start) frees at
-    least `need` tokens (0 when even that does not)."""
-
-    def freed(level: int) -> int:
-        return sum(max(0, start[k] + kept[k] - max(level, start[k])) for k in keys)
-
-    lo, hi = 0, max(start[k] + kept[k] for k in keys)
-    if freed(0) < need:
-        return 0
-    while lo < hi:  # the largest level that still frees `need`
-        mid = (lo + hi + 1) // 2
-        if freed(mid) >= need:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    least `need` tokens (0 when even that does not). One pass down the chains' ends and starts:
+    between two of them the tokens freed grow by the number of chains the level is inside."""
+    points = []
+    for k in keys:
+        s = start[k]
+        points.append((s + kept[k], 1))
+        points.append((s, -1))
+    points.sort(reverse=True)
+    freed = slope = 0
+    cur = points[0][0] if points else 0
+    for p, step in points:
+        if p < cur:
+            more = freed + slope * (cur - p)
+            if more >= need:
+                return cur - -(-(need - freed) // slope)
+            freed, cur = more, p
+        slope += step
+    return 0
 
 
 class DuelRule:
     """The choice of `radixflow-adaptive` per evict call: None (lru) or a tail share q."""
 
-    WARMUP = 64  # returns before anything but lru
-    EVERY = 8  # returns between duels
-    HIT_SLACK = 0.0  # a tail shadow may trail lru's hit tokens (latest returns) by at most this share
-    P99_GAIN = 0.10  # ... and must cut lru's P99 missed by at least this share
-    WHOLE = 0.01  # share of returns lru's shadow must lose whole before a tail is considered
-    EARLY_Q = None  # during the warm-up: this cold share once lru's shadow has lost 1 % whole (off)
-    VETO_SLACK = 0.01
-    VETO_MIN = 32  # returns under tails before the veto may act
-    VETO_HOLD = 256  # returns of lru after a veto
+    MIN_RETURNS = 8  # returns before anything but lru
+    EVERY = 2  # returns between duels
+    P99_GAIN = 0.10  # a tail shadow must cut lru's shadow's P99 missed by at least this share ...
+    HIT_SLACK = 0.005  # ... with its hit tokens (window) not more than this share below lru's shadow's
+    RECENT_SLACK = 0.02  # ... nor its latest returns' (Shadow.RECENT) more than this below: else lru at once
+    STAY_SLACK = 0.005  # the share in use stays while its hits are not more than this below lru's shadow's
+    SWITCH_GAIN = 0.05  # another share replaces it only with a P99 this much lower
+    WHOLE = 3  # returns lru's shadow must have lost whole before a tail is considered
+    VETO_SLACK = 0.005  # the real cache's hits per return may trail lru's shadow's by this share ...
+    VETO_MIN = 16  # ... over at least this many returns since the first tail call
+    VETO_HOLD = 256  # returns of lru after the first veto (doubled at each further one)
 
     def __init__(self, shares=TAIL_SHARES) -> None:
         self.lru = Shadow(None)
@@ -183,7 +258,8 @@ class DuelRule:
         self._hold_until = 0
         self._lru_hits = [0, 0]  # (real, lru shadow) hit tokens on returns before any tail call
         self.tail_calls = 0
-        self._tail_hits: deque[tuple[int, int]] = deque(maxlen=256)  # the same while it cut tails
+        self.evicting = False  # an evict call was made (the veto's ratio counts from then on)
+        self._tail_hits = [0, 0, 0]  # (real, lru shadow, returns) since the first tail call (or a veto)
 
     @property
     def shadows(self) -> list[Shadow]:
@@ -209,51 +285,66 @@ class DuelRule:
         prev = self.seen.get(key)
         if prev is not None:
             self.returns += 1
-            ghost = start + min(self.lru.kept_of(key), prev)
-            if self.mode is None and not self.tail_calls:
+            ghost = start + min(self.lru.kept_of(key), self.lru.running.get(key, prev), prev)
+            if not self.tail_calls and self.evicting:
                 self._lru_hits[0] += hit
                 self._lru_hits[1] += ghost
-            elif self.mode is not None:
-                self._tail_hits.append((hit, ghost))
+            else:
+                t = self._tail_hits
+                t[0] += hit
+                t[1] += ghost
+                t[2] += 1
         for s in self.shadows:
             s.access(key, start, length, prev, self.now, budget)
         self.seen[key] = length
         if prev is not None:
             self._veto()
-            if self.returns >= self.WARMUP and self.returns % self.EVERY == 0:
+            if self.returns >= self.MIN_RETURNS and self.returns % self.EVERY == 0:
                 self.choice = self.duel()
 
     def duel(self) -> float | None:
-        """The tail share whose shadow wins against lru's (lowest P99, hits kept), or None; None too
-        while lru's shadow loses fewer than `WHOLE` of the returns whole (its P99 is no whole history:
-        a tail cut can only add to it)."""
-        if self.lru.whole < self.WHOLE * self.returns:
+        """The tail share whose shadow beats lru's: the lowest P99 among those at least `P99_GAIN`
+        below lru's shadow's, with the hits kept (`HIT_SLACK` over the window, `RECENT_SLACK` over
+        the latest returns); None (lru) while none does. The share in use stays while it keeps the
+        hits within `STAY_SLACK` and its P99 below lru's, unless another is `SWITCH_GAIN` lower."""
+        base = self.lru
+        if base.whole < self.WHOLE:
             return None
-        base_p99, base_hits = self.lru.p99(), sum(self.lru.recent)
-        best, best_p99 = None, base_p99 * (1 - self.P99_GAIN)
+        lru_p99 = base.p99()
+        recent = base.recent_sum * (1 - self.RECENT_SLACK)
+        cur = None
+        if self.choice is not None:
+            for s in self.tails:
+                if s.q == self.choice:
+                    cur = s
+            if cur is not None and not (cur.hit_sum >= base.hit_sum * (1 - self.STAY_SLACK)
+                                        and cur.recent_sum >= recent and cur.p99() < lru_p99):
+                cur = None
+        hits = base.hit_sum * (1 - self.HIT_SLACK)
+        best, best_p99 = None, lru_p99 * (1 - self.P99_GAIN)
         for s in self.tails:
             p = s.p99()
-            if sum(s.recent) >= base_hits * (1 - self.HIT_SLACK) and p <= best_p99 and (best is None or p < best_p99):
-                best, best_p99 = s.q, p
-        return best
+            if p <= best_p99 and s.hit_sum >= hits and s.recent_sum >= recent and (best is None or p < best_p99):
+                best, best_p99 = s, p
+        if cur is not None and (best is None or best_p99 > cur.p99() * (1 - self.SWITCH_GAIN)):
+            return cur.q
+        return None if best is None else best.q
 
     def _veto(self) -> None:
-        tail = self._tail_hits
-        real_lru, ghost_lru = self._lru_hits
-        if not ghost_lru or len(tail) < self.VETO_MIN:
+        real, ghost, n = self._tail_hits
+        if n < self.VETO_MIN:
             return
-        real, ghost = sum(h for h, _ in tail), sum(g for _, g in tail)
-        if real < ghost * (real_lru / ghost_lru) * (1 - self.VETO_SLACK):
-            self.vetoes += 1
-            self._hold_until = self.returns + self.VETO_HOLD
-            tail.clear()
+        real_lru, ghost_lru = self._lru_hits
+        ratio = min(1.0, real_lru / ghost_lru) if ghost_lru else 1.0
+        if real < ghost * ratio * (1 - self.VETO_SLACK):
+            self.vetoes += 1  # each veto holds lru twice as long as the one before
+            self._hold_until = self.returns + self.VETO_HOLD * 2 ** min(self.vetoes - 1, 16)
+            self._tail_hits = [0, 0, 0]
 
     def decide(self) -> float | None:
         """None: this evict call is lru's; else the cold share of the tail cut."""
-        if self.returns < self.WARMUP:
-            early = self.EARLY_Q is not None and self.lru.whole >= max(2, self.WHOLE * self.returns)
-            self.mode = self.EARLY_Q if early and self.returns >= self._hold_until else None
-        elif self.returns < self._hold_until:
+        self.evicting = True
+        if self.returns < self._hold_until:
             self.mode = None
         else:
             self.mode = self.choice

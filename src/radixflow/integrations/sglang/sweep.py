@@ -103,9 +103,15 @@ def peak_footprint(sessions, call_time: float, page: int) -> int:
     return peak
 
 
-def sweep_configs(small: bool = False) -> list[dict]:
+def sweep_configs(small: bool = False, seed: int = 0) -> list[dict]:
     """Seeded configs: agentic (n agents, idle fraction s, n_a = (1 - s) n, pools below, inside and above
-    n_a < m < n in units of the mean private history), multi-turn chat, a shared-prefix document mix."""
+    n_a < m < n in units of the mean private history), multi-turn chat, a shared-prefix document mix.
+    `seed` 0 is the sweep's own workloads; another draws the same shapes with other seeds (held-out runs:
+    each workload's seed moved by 1,000 x `seed`)."""
+    if seed < 0:
+        raise ValueError(f"a sweep seed is >= 0, got {seed}")
+    off = 1000 * seed
+    tag = f" seed {seed}" if seed else ""
     agentic = [(8, 0.75, 32, 16, 1024), (16, 0.75, 32, 16, 1024), (16, 0.9, 128, 16, 1024), (32, 0.5, 32, 16, 1024),
                (32, 0.75, 32, 16, 1024), (32, 0.9, 64, 16, 1024), (64, 0.75, 32, 16, 1024), (64, 0.9, 32, 16, 1024),
                (8, 0.5, 32, 16, 1024), (64, 0.5, 32, 16, 1024), (32, 0.75, 128, 16, 1024), (48, 0.9, 32, 16, 512),
@@ -115,22 +121,24 @@ def sweep_configs(small: bool = False) -> list[dict]:
     out = []
     for i, (n, s, grow, page, ctx) in enumerate(agentic):
         spec = AgenticSpec(n_agents=n, idle_fraction=s, calls=12 if not small else 8, system_len=256, context_len=ctx,
-                           append_len=grow, output_len=8, tool_latency="exp", call_time=1.0, seed=100 + i)
+                           append_len=grow, output_len=8, tool_latency="exp", call_time=1.0, seed=100 + i + off)
         sessions = agentic_sessions(spec)
         n_a = n * (1 - s)
         pools = (0.8 * n_a, n_a + (n - n_a) / 3, n_a + 2 * (n - n_a) / 3, 1.15 * n)
         if small:
             pools = (n_a + (n - n_a) / 3, 1.15 * n)
-        out += _pooled(f"agentic n={n} s={s} +{grow}/call", sessions, page, pools, n_a, n)
+        out += _pooled(f"agentic n={n} s={s} +{grow}/call{tag}", sessions, page, pools, n_a, n)
     chats = [(32, 16), (32, 1)] if not small else [(12, 16)]
     for users, page in chats:
-        sessions = chat_sessions(ChatSpec(users=users, turns=5, think_time=5.0, rewrite_fraction=0.25, seed=users))
+        sessions = chat_sessions(ChatSpec(users=users, turns=5, think_time=5.0, rewrite_fraction=0.25,
+                                          seed=users + off))
         n_a = users / 6  # 1 s calls, 5 s think time
-        out += _pooled(f"multi-turn users={users}", sessions, page, (n_a + (users - n_a) / 3, 0.6 * users), n_a, users)
+        out += _pooled(f"multi-turn users={users}{tag}", sessions, page, (n_a + (users - n_a) / 3, 0.6 * users),
+                       n_a, users)
     docs = [(48, 16), (48, 1)] if not small else []
     for readers, page in docs:
-        sessions = doc_sessions(readers, 8, 1536, seed=readers + page)
-        out += _pooled(f"documents readers={readers} docs=8", sessions, page, (4.0, 6.0), None, None, unit=1536)
+        sessions = doc_sessions(readers, 8, 1536, seed=readers + page + off)
+        out += _pooled(f"documents readers={readers} docs=8{tag}", sessions, page, (4.0, 6.0), None, None, unit=1536)
     return out
 
 

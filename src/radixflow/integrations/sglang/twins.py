@@ -191,6 +191,7 @@ class IndexTwin:
     def start(self, prompt, new_tokens: int):
         self.now += 1.0
         hit, m = self._hit(prompt)
+        self.index.request_begins("", prompt, m)  # a policy that observes (adaptive) learns the request
         node = None
         if hit:
             node = self.index.node_at(m) if m.depth == hit else self.index.node_at(type(m)(hit, m.node))
@@ -215,6 +216,7 @@ class IndexTwin:
         idx.publish()
         idx.pages.free(table[have:adopted] + table[n:])  # pages the tree already had, and the remainder
         idx.touch(node, self.now)
+        idx.request_ends(node, state["hit"])
         if self.hybrid:
             end = idx.node_at(idx.match(hashes))
             if end.snapshot is None:
