@@ -393,6 +393,29 @@ class BatchContext:
 
     # ---- linear layers ---------------------------------------------------------------------
     @cached_property
+    def states_in_place(self) -> list[tuple[int, list[int]]] | None:
+        """(slot, other capture slots) of each row when the recurrent layers may step every row's state
+        IN ITS SLOT: every row is one decode token that reads its state from a slot it also writes back
+        (its running state), no two rows share that slot, and no row captures into a slot another row
+        reads. A decode round of the server is this (each stream on its own working slot); the state is
+        then never copied out of the pool and back (2 of a decode step's ~6 passes over every state), only
+        into a row's extra capture slots (a snapshot at a page or interval boundary). None otherwise."""
+        if self.dependents or any(n != 1 for n in self.lengths):
+            return None
+        ins = [r.state_in for r in self.rows]
+        if None in ins or len(set(ins)) != len(ins):
+            return None
+        read = set(ins)
+        out = []
+        for r in self.rows:
+            caps = [slot for _, slot in r.state_out]
+            extra = [slot for slot in caps if slot != r.state_in]
+            if r.state_in not in caps or read.intersection(extra):
+                return None
+            out.append((r.state_in, extra))
+        return out
+
+    @cached_property
     def state_in_index(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(slot per row, 0 where none; bool mask of rows starting from the zero state)."""
         slots = [r.state_in if r.state_in is not None else 0 for r in self.rows]
