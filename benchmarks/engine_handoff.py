@@ -152,7 +152,8 @@ def breakdown(name: str, repeat: int, device: str) -> None:
     import time
 
     from radixflow.engine.models import batch as batch_mod
-    from radixflow.engine.models.batch import BatchContext, LevelClock
+    from radixflow.engine.models.batch import BatchContext
+    from radixflow.engine.models.level_clock import LevelClock
 
     model = load_model(ensure_tiny_model(name), torch.device(device)).model
     costs = engine_scan_costs(model, 16)
@@ -313,7 +314,7 @@ def replay(name: str, questions: int, repeat: int, policy: str) -> None:
     from radixflow.core.loop import run_trace
     from radixflow.engine.engine import Engine
     from radixflow.engine.models import batch as batch_mod
-    from radixflow.engine.models.batch import LevelClock
+    from radixflow.engine.models.level_clock import LevelClock
     from radixflow.workloads.trace import fresh_copies
 
     argv = ["bench", "--model", name, "--questions", str(questions)]

@@ -7,7 +7,10 @@ Cases per model:
   (b) a round-sized batch: one scheduler round of T = 8,192 tokens over 16 rows, half of them resuming
       from cached prefixes (two 1,024-token parents prefilled first, four children each) and half fresh;
       the rows are what radixflow's Scheduler produces for these requests (state captures included);
-  (c) one decode step of 16 rows after a shared 2,048-token prompt (16 branches, their first step).
+  (c) one decode step of 16 rows after a shared 2,048-token prompt (16 branches, each stepping its own
+      copy of the prompt's state in its slot, as a server's decode round steps each stream's);
+  (d) the same step for 1 row (one stream).
+`--decode-only` runs (c) and (d) beside llama.cpp only (no transformers model is loaded): a few minutes.
 radixflow runs each case as one batched forward (the engine's model call, as EngineExecutor makes it).
 transformers runs `AutoModelForCausalLM` with the faster of its sdpa and eager attention (probed per
 model): (a) one call, (b) the 16 rows one after another (it has no ragged batching; a resuming row
@@ -78,7 +81,8 @@ from radixflow.spec import spec_from_hf_config  # noqa: E402
 BLOCK = 16
 INTERVAL = 512
 MAX_LEN = 4096    # the engines' max_model_len: the longest prompt here is ~1,800 (b) or 2,048 (a) tokens
-CASES = ("a", "b", "c")
+CASES = ("a", "b", "c", "d")
+DECODE = ("c", "d")   # one decode step: transformers and llama.cpp copy the prompt's cache per row
 SYSTEMS = ("radixflow", "transformers", "llamacpp")
 GREEDY1 = SamplingParams(temperature=0.0, max_tokens=1)
 
@@ -241,9 +245,11 @@ def round_b(engine: Engine | DryEngine, gen: torch.Generator, budget: int, paren
     return _schedule(engine, prompts, "b")
 
 
-def case_c(lm: LoadedModel, gen: torch.Generator, context: int, n_rows: int) -> Case:
-    """The shared prompt prefilled once (untimed), its state captured at its end; then n_rows decode
-    rows, each one new token at position `context`, reading the shared pages and state."""
+def case_c(lm: LoadedModel, gen: torch.Generator, context: int, n_rows: int, name: str = "c") -> Case:
+    """The shared prompt prefilled once (untimed), its state captured at its end and copied into one slot
+    a row; then n_rows decode rows, each one new token at position `context`, reading the shared pages and
+    stepping its own slot (state in = state out: a server's decode round, `BatchContext.states_in_place`),
+    restored before each repeat."""
     engine = _engine(lm, context + 64 + n_rows * BLOCK, n_rows + 8)
     model, cache = lm.model, engine.cache
     prompt, tokens = _c_tokens(gen, context, n_rows)
@@ -262,8 +268,13 @@ def case_c(lm: LoadedModel, gen: torch.Generator, context: int, n_rows: int) -> 
         else:
             table = pages + [own]
         rows.append(Row(tuple(prompt), [t]))
-        ours.append(RowInput([t], context, table, slot, [(1, i)] if model.is_hybrid else [], [0], None))
-    return Case("c", f"{n_rows} rows decode at {context}", rows, ours, engine)
+        if model.is_hybrid:
+            cache.copy_state(slot, i)
+        ours.append(RowInput([t], context, table, i if model.is_hybrid else None, [(1, i)] if model.is_hybrid
+                             else [], [0], None))
+    restore = [(i, _save_slot(engine, i)) for i in range(n_rows)] if model.is_hybrid else []
+    label = f"{n_rows} row{'s' if n_rows > 1 else ''} decode at {context}"
+    return Case(name, label, rows, ours, engine, restore=restore)
 
 
 def _c_tokens(gen: torch.Generator, context: int, n_rows: int) -> tuple[list[int], list[int]]:
@@ -324,14 +335,14 @@ class Transformers:
             if r.prefix and r.prefix not in self.prefix_cache:
                 out = self._forward(torch.tensor([list(r.prefix)]), use_cache=True)
                 self.prefix_cache[r.prefix] = out.past_key_values
-        if case.name == "c":
+        if case.name in DECODE:
             (cache,) = self.prefix_cache.values()
             cache.reorder_cache(torch.zeros(len(case.rows), dtype=torch.long))
             self.batched = cache
             self.prefix_cache.clear()
 
     def run(self, case: Case) -> tuple[float, torch.Tensor]:
-        if case.name == "c":
+        if case.name in DECODE:
             cache = copy.deepcopy(self.batched) if self.hybrid else self.batched
             ids = torch.tensor([[r.tokens[0]] for r in case.rows])
             t = time.perf_counter()
@@ -548,6 +559,28 @@ def machine_peak(shapes, m: int = 2048, repeats: int = 5) -> tuple[float, tuple[
     return rates[best], best
 
 
+def meta_hf_model(cfg: dict):
+    """transformers' model of `cfg` on the meta device (its Linear shapes, no weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"}))
+
+
+def read_rate(nbytes: int, repeats: int = 3) -> float:
+    """Bytes/s of the fastest of `repeats` sums over `nbytes` of fp32 (a read of every byte once): the
+    machine's bound for a decode step, which reads every weight once."""
+    x = torch.ones(nbytes // 4)
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    del x
+    return nbytes / best
+
+
 # ------------------------------------------------------------------------------------- the bench
 def bench_model(name: str, args, out: list[dict]) -> None:
     from transformers import AutoConfig  # noqa: F401  (imported before llama.cpp's threads start)
@@ -558,12 +591,12 @@ def bench_model(name: str, args, out: list[dict]) -> None:
     spec = spec_from_hf_config(cfg, name)
     gen = torch.Generator().manual_seed(args.seed)
     lm = load_model(path)
-    hf = Transformers(path)
-    shapes, head = linear_shapes(hf.model)
+    hf = None if args.decode_only else Transformers(path)
+    shapes, head = linear_shapes(hf.model if hf is not None else meta_hf_model(cfg))
     if head is None:   # a tied head is the embedding
         head = (cfg["hidden_size"], cfg["vocab_size"])
     probe_ids = _ids(gen, max(32, int(256 * args.scale)))
-    impl_times = hf.probe(probe_ids)
+    impl_times = hf.probe(probe_ids) if hf is not None else {}
     ours = Ours(lm)
     warm_row = RowInput(probe_ids, 0, list(range(16)), None, [], [len(probe_ids) - 1])
     warm = Case("w", "warm-up", [Row((), probe_ids)], [warm_row], _engine(lm, 512, 4))
@@ -578,14 +611,20 @@ def bench_model(name: str, args, out: list[dict]) -> None:
             note = f"llama.cpp: {str(e).splitlines()[0]}"
     n_params = json.loads((path / "model.safetensors.index.json").read_text())["metadata"]["total_size"] / 4e9
     probe = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in impl_times.items())
-    print(f"\n{name} [setup {time.perf_counter() - t_model:.0f} s]: {n_params:.2f}B parameters, transformers "
-          f"attention {hf.impl} (probe {len(probe_ids)} tokens: {probe})" + (f"; {note}" if note else ""), flush=True)
+    tf = (f"transformers attention {hf.impl} (probe {len(probe_ids)} tokens: {probe})" if hf is not None
+          else "transformers not run (--decode-only)")
+    print(f"\n{name} [setup {time.perf_counter() - t_model:.0f} s]: {n_params:.2f}B parameters, {tf}"
+          + (f"; {note}" if note else ""), flush=True)
+    lm_bytes = sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+                    for p in lm.model.parameters()}.values())   # each storage once: fused views, tied head
     for cname in args.cases:
         t_case = time.perf_counter()
         case = make_case(cname, lm, gen, args)
-        with peer_heap(case):
-            hf.prepare(case)
-        runners = {"radixflow": ours, "transformers": hf}
+        runners = {"radixflow": ours}
+        if hf is not None:
+            with peer_heap(case):
+                hf.prepare(case)
+            runners["transformers"] = hf
         if llama is not None:
             try:
                 with peer_heap(case):
@@ -610,24 +649,31 @@ def bench_model(name: str, args, out: list[dict]) -> None:
         frac = {k: flops / v / peak for k, v in med.items()}
         agree = {k: _agreement(logits["radixflow"], logits[k]) for k in logits if k != "radixflow"}
         row = {"model": name, "case": cname, "label": case.label, "tokens": case.tokens,
-               "radixflow_tps": round(tps["radixflow"], 2), "transformers_tps": round(tps["transformers"], 2),
+               "radixflow_tps": round(tps["radixflow"], 2),
+               "transformers_tps": round(tps["transformers"], 2) if "transformers" in tps else None,
                "llamacpp_tps": round(tps["llamacpp"], 2) if "llamacpp" in tps else None,
                "peak_fraction": round(frac["radixflow"], 4),
-               "transformers_peak_fraction": round(frac["transformers"], 4),
+               "transformers_peak_fraction": round(frac["transformers"], 4) if "transformers" in frac else None,
                "llamacpp_peak_fraction": round(frac["llamacpp"], 4) if "llamacpp" in frac else None,
                "mm_gflops": round(peak / 1e9, 1),
-               "forward_gflop": round(flops / 1e9, 2), "transformers_attention": hf.impl,
+               "forward_gflop": round(flops / 1e9, 2),
+               "transformers_attention": hf.impl if hf is not None else None,
                "seconds": {k: [round(x, 4) for x in v] for k, v in times.items()},
                "agreement": agree}
         if "llamacpp" not in tps:
             row["llamacpp_note"] = note or "not run"
+        if cname in DECODE:   # a decode step reads every weight once: the rate it reached and the machine's
+            row["weights_gb"] = round(lm_bytes / 1e9, 3)
+            row["weights_gbps"] = {k: round(lm_bytes / v / 1e9, 2) for k, v in med.items()}
+            row["read_gbps"] = round(read_rate(lm_bytes) / 1e9, 2)
         row["wall_s"] = round(time.perf_counter() - t_case, 1)
         out.append(row)
         _print_row(row)
         if args.json:   # after every case: a run cut short keeps what it measured
             write_json(args, out)
         with peer_heap(case):
-            hf.release()
+            if hf is not None:
+                hf.release()
             if llama is not None:
                 llama.release()
         del case
@@ -643,7 +689,7 @@ def peer_heap(case: Case):
     the heap setting ours applies kept in force, grew the process past this 23 GB machine); for (a) and
     (b) the setting ours runs under, as in every earlier figure (their blocks are mostly under 32 MB, and
     returning the heap between systems would make ours fault its reused blocks in again)."""
-    return glibc_defaults() if case.name == "c" else contextlib.nullcontext()
+    return glibc_defaults() if case.name in DECODE else contextlib.nullcontext()
 
 
 def make_case(cname: str, lm: LoadedModel, gen: torch.Generator, args) -> Case:
@@ -657,7 +703,7 @@ def make_case(cname: str, lm: LoadedModel, gen: torch.Generator, args) -> Case:
     if cname == "b":
         return case_b(lm, gen, max(INTERVAL, int(args.round_tokens * s) // INTERVAL * INTERVAL),
                       blocks(args.parent_len), args.rows)
-    return case_c(lm, gen, blocks(args.context), args.rows)
+    return case_c(lm, gen, blocks(args.context), args.rows if cname == "c" else 1, cname)
 
 
 def dry_rows(cname: str, model, gen: torch.Generator, args) -> list[Row]:
@@ -675,7 +721,7 @@ def dry_rows(cname: str, model, gen: torch.Generator, args) -> list[Row]:
         budget, parent = max(INTERVAL, int(args.round_tokens * s) // INTERVAL * INTERVAL), blocks(args.parent_len)
         dry = DryEngine(model, 2 * parent + budget + 4096, 48)
         return _rows_of(round_b(dry, gen, budget, parent, args.rows))[0]
-    prompt, tokens = _c_tokens(gen, blocks(args.context), args.rows)
+    prompt, tokens = _c_tokens(gen, blocks(args.context), args.rows if cname == "c" else 1)
     return [Row(tuple(prompt), [t]) for t in tokens]
 
 
@@ -711,12 +757,11 @@ def plan(args) -> None:
     so time >= FLOPs / that rate. Building a model not yet cached costs at least its normal draws
     (measured rate), converting it to GGUF and loading it into ours and transformers at least one
     memory copy of its bytes each."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     copy_rate, randn_rate = _copy_rate(), _randn_rate()
-    n_sys = 2 if args.no_llamacpp else 3
-    n_timed = 2 * args.repeats + (0 if args.no_llamacpp else args.llamacpp_repeats)   # timed forwards a case
-    print(f"plan: {n_sys} systems, {n_timed} timed forwards a case (ours and transformers {args.repeats} each"
+    n_sys = 1 + (not args.no_llamacpp) + (not args.decode_only)   # --decode-only: no transformers
+    n_timed = (n_sys - (not args.no_llamacpp)) * args.repeats + (0 if args.no_llamacpp else args.llamacpp_repeats)
+    print(f"plan: {n_sys} systems, {n_timed} timed forwards a case (ours"
+          + ("" if args.decode_only else " and transformers") + f" {args.repeats} each"
           + ("" if args.no_llamacpp else f", llama.cpp {args.llamacpp_repeats}")
           + f"), cases {' '.join(args.cases)}, scale {args.scale}; "
           f"copy {copy_rate / 1e9:.1f} GB/s, randn {randn_rate / 1e6:.0f} M/s", flush=True)
@@ -725,15 +770,13 @@ def plan(args) -> None:
         cfg = random_config(name)
         with torch.device("meta"):
             model = build_model(cfg)
-            hf = AutoModelForCausalLM.from_config(
-                AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"}))
-        shapes, head = linear_shapes(hf)
+        shapes, head = linear_shapes(meta_hf_model(cfg))
         head = head or (cfg["hidden_size"], cfg["vocab_size"])
         spec = spec_from_hf_config(cfg, name)
         peak, at = machine_peak(shapes)
         gen = torch.Generator().manual_seed(args.seed)
         probe = _ids(gen, max(32, int(256 * args.scale)))
-        warm = rows_flops([Row((), probe)], shapes, head, spec) * (1 + 4)   # ours 1, transformers 4
+        warm = rows_flops([Row((), probe)], shapes, head, spec) * (1 + (0 if args.decode_only else 4))   # tf: 4
         m_flops = warm
         print(f"\n{name}: peak {peak / 1e9:.0f} GFLOP/s (torch.mm {at[0]}x{at[1]}x{at[2]}, best of 5)", flush=True)
         for cname in args.cases:
@@ -751,7 +794,7 @@ def plan(args) -> None:
         io = 2 * n_bytes / copy_rate   # loaded into ours and transformers
         if not (path / "model.safetensors.index.json").is_file():
             io += n_bytes / 4 / randn_rate
-        if n_sys == 3 and not (path.parent / f"{path.name}.f32.gguf").is_file():
+        if not args.no_llamacpp and not (path.parent / f"{path.name}.f32.gguf").is_file():
             io += n_bytes / copy_rate
         secs = m_flops / peak
         tot_flops, tot_secs, tot_io = tot_flops + m_flops, tot_secs + secs, tot_io + io
@@ -793,17 +836,22 @@ def _agreement(ours: torch.Tensor, other: torch.Tensor) -> dict:
 
 
 def _print_row(r: dict) -> None:
-    ll = r["llamacpp_tps"]
-    ratio_t = r["radixflow_tps"] / r["transformers_tps"]
+    ll, tf = r["llamacpp_tps"], r["transformers_tps"]
+    ratio_t = f"{tf:8.1f} (x{r['radixflow_tps'] / tf:.2f})" if tf else "       - (not run)"
     ratio_l = f"x{r['radixflow_tps'] / ll:5.2f}" if ll else "  -  "
     n = len(r["seconds"].get("llamacpp", ()))
     runs = f" [{n} run{'s' if n > 1 else ''}]" if n else ""
     agree = "  ".join(f"{k} top-1 {v['top1']} max|d| {v['max_abs_diff']:.1e}" for k, v in r["agreement"].items())
+    tfp = r["transformers_peak_fraction"]
     print(f"  ({r['case']}) {r['label']:30s} tok/s: radixflow {r['radixflow_tps']:8.1f}  transformers "
-          f"{r['transformers_tps']:8.1f} (x{ratio_t:.2f})  llama.cpp{runs} "
+          f"{ratio_t}  llama.cpp{runs} "
           f"{(f'{ll:8.1f}' if ll else '       -')} ({ratio_l})  peak {r['peak_fraction']:.2f} "
-          f"(transformers {r['transformers_peak_fraction']:.2f}) of "
+          f"(transformers {f'{tfp:.2f}' if tfp is not None else '-'}) of "
           f"{r['mm_gflops']:.0f} GFLOP/s  [{r['wall_s']:.0f} s]", flush=True)
+    if "weights_gbps" in r:
+        print(f"      weights {r['weights_gb']:.2f} GB read a step: " + ", ".join(
+            f"{k} {v:.1f} GB/s" for k, v in r["weights_gbps"].items())
+            + f"; this machine reads {r['read_gbps']:.1f} GB/s (one sum over as many bytes)", flush=True)
     print(f"      same model: {agree}" + (f"   llama.cpp: {r['llamacpp_note']}" if ll is None else ""), flush=True)
 
 
@@ -813,13 +861,15 @@ def print_table(cases: list[dict]) -> None:
           "| vs llama.cpp | peak fraction (transformers) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in cases:
-        ll = r["llamacpp_tps"]
+        ll, tf = r["llamacpp_tps"], r["transformers_tps"]
         vs_ll = f"{r['radixflow_tps'] / ll:.2f}x" if ll else "—"
+        vs_tf = f"{r['radixflow_tps'] / tf:.2f}x" if tf else "—"
+        tfp = r["transformers_peak_fraction"]
         ll_cell = f"{ll:.1f} ({len(r['seconds']['llamacpp'])})" if ll else f"— ({r['llamacpp_note']})"
         print(f"| {r['model']} | ({r['case']}) {r['label']} | {r['tokens']} | {r['radixflow_tps']:.1f} | "
-              f"{r['transformers_tps']:.1f} | {ll_cell} | "
-              f"{r['radixflow_tps'] / r['transformers_tps']:.2f}x | "
-              f"{vs_ll} | {r['peak_fraction']:.2f} ({r['transformers_peak_fraction']:.2f}) |")
+              f"{f'{tf:.1f}' if tf else '—'} | {ll_cell} | "
+              f"{vs_tf} | "
+              f"{vs_ll} | {r['peak_fraction']:.2f} ({f'{tfp:.2f}' if tfp is not None else '—'}) |")
 
 
 def main() -> None:
@@ -842,11 +892,16 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write {'cases': [...]} to this file")
     ap.add_argument("--plan", action="store_true",
                     help="print a lower bound of the run's time (FLOPs over the measured matmul peak), run nothing")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="cases (c) and (d) only (16 rows and 1 row decoding), radixflow beside llama.cpp, no "
+                         "transformers model loaded: a few minutes a model")
     ap.add_argument("--profile", action="store_true",
                     help="instead of the comparison: where radixflow's forward spends each case's time, by op")
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
+    if args.decode_only:
+        args.cases = list(DECODE)
     if not 1 <= args.llamacpp_repeats <= args.repeats:
         ap.error(f"--llamacpp-repeats must be in 1..--repeats ({args.repeats}), got {args.llamacpp_repeats}")
     if not 0 < args.scale <= 1:

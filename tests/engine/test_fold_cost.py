@@ -12,8 +12,8 @@ from handoff_cases import BLOCK, handoff_rows, setup_rows
 
 from radixflow.engine.calibration import HandoffCalibration, fold_summary, nnls, nnls_l1
 from radixflow.engine.models import batch as batch_mod
-from radixflow.engine.models.batch import LevelClock
 from radixflow.engine.models.chunk_plan import ScanCosts, blocked_scan, build_chunk_plan
+from radixflow.engine.models.level_clock import LevelClock
 from radixflow.engine.tiny import ensure_tiny_model
 
 

@@ -16,8 +16,8 @@ from radixflow.config import SchedulerConfig
 from radixflow.core.handoff import HANDOFF, WAIT, choose
 from radixflow.engine.calibration import HandoffCalibration, nnls
 from radixflow.engine.engine import Engine, EngineConfig
-from radixflow.engine.models.batch import LevelClock
 from radixflow.engine.models.chunk_plan import ScanCosts, build_chunk_plan, chunk_candidates, plan_shape
+from radixflow.engine.models.level_clock import LevelClock
 from radixflow.engine.tiny import ensure_tiny_model
 
 

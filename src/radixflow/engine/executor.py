@@ -15,8 +15,9 @@ import time
 import torch
 
 from radixflow.core.batch import Batch, ExecResult, Sample
-from radixflow.engine.models.batch import LevelClock, row_levels
+from radixflow.engine.models.batch import row_levels
 from radixflow.engine.models.cache import ModelCache, RowInput
+from radixflow.engine.models.level_clock import LevelClock
 from radixflow.engine.sampling import (
     RowContext,
     Sampler,

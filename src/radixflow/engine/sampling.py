@@ -257,12 +257,22 @@ class Sampler:
         gens = generators or [None] * len(params)
         ctxs = contexts or [RowContext()] * len(params)
         logits = logits.float()
-        chosen = []
+        plain = [not _needs_processing(p, c) for p, c in zip(params, ctxs)]
+        # rows sampling their raw logits greedily: one argmax over all of them (per row, the first maximum,
+        # as a row's own argmax); the finiteness check is skipped for raw rows, whose fallback is themselves
+        argmax = [i for i, p in enumerate(params) if plain[i] and p.greedy]
+        chosen: list[int] = [0] * len(params)
+        if argmax:
+            picked = (logits if len(argmax) == len(params) else logits[argmax]).argmax(-1).tolist()
+            for i, t in zip(argmax, picked):
+                chosen[i] = t
         for i, p in enumerate(params):
-            row = process_row(logits[i], p, ctxs[i]) if _needs_processing(p, ctxs[i]) else logits[i]
-            if not bool(torch.isfinite(row).any()):
+            if plain[i] and p.greedy:
+                continue
+            row = logits[i] if plain[i] else process_row(logits[i], p, ctxs[i])
+            if not plain[i] and not bool(torch.isfinite(row).any()):
                 row = _fallback(logits[i], ctxs[i])
-            chosen.append(self._choose(row, p, gens[i]))
+            chosen[i] = self._choose(row, p, gens[i])
         out = SampleOutput(chosen, [None] * len(params), [None] * len(params))
         if any(p.logprobs is not None for p in params):
             self._add_logprobs(out, logits, params)
@@ -277,12 +287,12 @@ class Sampler:
 
     @staticmethod
     def _add_logprobs(out: SampleOutput, logits: torch.Tensor, params: list[SamplingParams]) -> None:
-        logp = logits.log_softmax(-1)
-        for i, p in enumerate(params):
-            if p.logprobs is None:
-                continue
-            out.logprobs[i] = float(logp[i, out.token_ids[i]])
-            out.top_logprobs[i] = top_logprobs(logp[i], p.logprobs, p.logprob_token_ids)
+        rows = [i for i, p in enumerate(params) if p.logprobs is not None]   # row-wise: only the rows asking
+        logp = (logits if len(rows) == len(params) else logits[rows]).log_softmax(-1)
+        for j, i in enumerate(rows):
+            p = params[i]
+            out.logprobs[i] = float(logp[j, out.token_ids[i]])
+            out.top_logprobs[i] = top_logprobs(logp[j], p.logprobs, p.logprob_token_ids)
 
 
 def top_logprobs(logp: torch.Tensor, k: int, token_ids: list[int] | None = None) -> list[tuple[int, float]]:

@@ -28,7 +28,7 @@ scratch cache, before the first round) and carried over from one engine to the n
 - Folded dependents (engine/models/batch.py `FOLD`: a dependent of a multi-token producer runs in its
   producer's chunked scan, no level). What the fold adds is measured inside the scans of every forward
   that folds (chunk_plan.py `blocked_scan`: the calls of folded rows only and the state copies at the
-  fold points; batch.py `LevelClock.fold_measured`) and fitted by least absolute deviations
+  fold points; level_clock.py `LevelClock.fold_measured`) and fitted by least absolute deviations
   (non-negative, the newest 256 forwards plus the probe's, remade every `FOLD_REFIT` forwards):
     the fold's time = fold_call * calls + fold_row * rows those calls run + fold_copy * rows copied
   warm-started by the probe's own folds (its forwards with dependents, at the engine's chunk), and

@@ -14,9 +14,9 @@ import torch
 from radixflow.engine.calibration.model import HandoffCalibration
 from radixflow.engine.calibration.solvers import nnls
 from radixflow.engine.models import batch as batch_mod
-from radixflow.engine.models.batch import LevelClock
 from radixflow.engine.models.cache import RowInput
 from radixflow.engine.models.chunk_plan import ScanCosts, build_chunk_plan, chunk_candidates, plan_shape
+from radixflow.engine.models.level_clock import LevelClock
 
 _SCAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _CALIB: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -12,10 +12,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .batch import BatchContext, LevelClock, validate_rows
+from .batch import BatchContext, validate_rows
 from .cache import CacheLayout, ModelCache, RowInput
 from .chunk_plan import ScanCosts
 from .layers import fuse_projections
+from .level_clock import LevelClock
 
 _REQUIRED = object()
 

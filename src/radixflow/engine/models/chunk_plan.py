@@ -18,7 +18,7 @@ active rows are one contiguous run wherever possible (`_fold_schedule`); a step 
 contiguous is split into one scan call per run. `base_calls` is what the plan would take without its
 folded rows: the fold's extra sequential calls are `fold_calls`, and they are exactly the calls whose
 rows are all folded rows (`fold_only`: the rows without a producer are one run at every step, so each
-step with one of them active has one call holding them). With a `timer` (batch.py `LevelClock`, set
+step with one of them active has one call holding them). With a `timer` (level_clock.py `LevelClock`, set
 while the engine calibrates) `blocked_scan` times those calls and the state copies at the fold points:
 the fold's measured cost, beside its price.
 
@@ -167,7 +167,7 @@ def one_thread() -> Iterator[None]:
 
 
 class FoldTimer(Protocol):
-    """What `blocked_scan` reports the fold's own work to (batch.py `LevelClock`)."""
+    """What `blocked_scan` reports the fold's own work to (level_clock.py `LevelClock`)."""
 
     def fold_start(self) -> object: ...
 

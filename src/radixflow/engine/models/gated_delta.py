@@ -30,9 +30,16 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      batch: BatchContext, cache: ModelCache, layer: int, chunk: int = 64) -> torch.Tensor:
     """q, k [N, H, dk] (normalised, q pre-scaled), v [N, H, dv], g, beta [N, H] -> o [N, H, dv] fp32."""
     pool = cache.rec[layer]
-    init = initial_states(pool, batch)          # every row's state read before any is written
     out = v.new_empty(v.shape, dtype=torch.float32)
     args = [t.float() for t in (q, k, v, g, beta)]
+    in_place = batch.states_in_place if not q.is_cuda else None
+    if in_place is not None:   # a decode round: every row steps its own slot (batch.py)
+        def step() -> None:
+            with batch.levels[0].timed():
+                _decode_in_place(args, in_place, pool, out)
+        run_scan(shape_class("gdn", q.shape[0], len(batch.rows)), step, q.is_cuda)
+        return out
+    init = initial_states(pool, batch)          # every row's state read before any is written
 
     def scan() -> None:
         for level in batch.levels:
@@ -73,6 +80,24 @@ def _decode(args: list[torch.Tensor], init: torch.Tensor, level: Level, pool: to
     if level.decode_hands is not None:  # a dependent's initial state: read when its level runs
         local, deps = level.decode_hands
         init.index_copy_(0, deps, s[local])
+
+
+def _decode_in_place(args: list[torch.Tensor], slots: list[tuple[int, list[int]]], pool: torch.Tensor,
+                     out: torch.Tensor) -> None:
+    """`_decode` on each row's state where it lies in the pool (`BatchContext.states_in_place`): the same
+    operations on each row's heads, no gather of the states into a batch and no write back, then the
+    stepped state copied into the row's other capture slots, if any."""
+    q, k, v, g, beta = args                                        # [R, H, d]: one token a row
+    decay = decay_exp(g)[..., None, None]
+    for i, (slot, extra) in enumerate(slots):
+        s = pool[slot]                                             # [H, dk, dv], a view
+        s.mul_(decay[i])
+        sk = torch.bmm(k[i, :, None], s)                           # k^T S  [H, 1, dv]
+        u = (v[i, :, None] - sk).mul_(beta[i, :, None, None])
+        s.baddbmm_(k[i, :, :, None], u)                            # S += k u^T
+        torch.bmm(q[i, :, None], s, out=out[i, :, None])
+        for e in extra:
+            pool[e].copy_(s)
 
 
 def _prefill(args: list[torch.Tensor], init: torch.Tensor, plan: ChunkPlan, pool: torch.Tensor,

@@ -27,12 +27,19 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, a_log_neg: torch.Tensor, b: torc
              batch: BatchContext, cache: ModelCache, layer: int, chunk: int) -> torch.Tensor:
     """x [N, H, P], dt [N, H] (after softplus), A [H] (< 0), B, C [N, G, S] -> y [N, H, P] fp32 (no D)."""
     pool = cache.rec[layer]
-    init = initial_states(pool, batch)             # every row's state read before any is written
     groups = b.shape[1]
     xdt = x.float() * dt.float()[..., None]
     decay = dt.float() * a_log_neg.float()
     args = [xdt, decay, b.float(), c.float()]
     out = x.new_empty(x.shape, dtype=torch.float32)
+    in_place = batch.states_in_place if not x.is_cuda else None
+    if in_place is not None:   # a decode round: every row steps its own slot (batch.py)
+        def step() -> None:
+            with batch.levels[0].timed():
+                _decode_in_place(args, in_place, pool, out, groups)
+        run_scan(shape_class("ssd", x.shape[0], len(batch.rows)), step, x.is_cuda)
+        return out
+    init = initial_states(pool, batch)             # every row's state read before any is written
 
     per_group = x.shape[1] // groups
 
@@ -74,6 +81,24 @@ def _decode(args, init, level: Level, pool, out, groups: int) -> None:
     if level.decode_hands is not None:  # a dependent's initial state: read when its level runs
         local, deps = level.decode_hands
         init.index_copy_(0, deps, s[local])
+
+
+def _decode_in_place(args, slots: list[tuple[int, list[int]]], pool, out, groups: int) -> None:
+    """`_decode` on each row's state where it lies in the pool (`BatchContext.states_in_place`): the same
+    operations on each row's heads, no gather into a batch and no write back; the stepped state is then
+    copied into the row's other capture slots, if any."""
+    xdt, decay, b, c = args                                        # one token a row
+    r, heads, p = xdt.shape
+    dec = decay_exp(decay)[..., None, None]
+    xg = xdt.view(r, groups, heads // groups, p)[..., None]
+    for i, (slot, extra) in enumerate(slots):
+        s = pool[slot]                                             # [H, P, S], a view
+        s.mul_(dec[i])
+        sg = s.view(groups, heads // groups, p, -1)
+        sg.addcmul_(xg[i], b[i, :, None, None, :])
+        torch.matmul(sg, c[i, :, None, :, None], out=out[i].view(groups, heads // groups, p, 1))
+        for e in extra:
+            pool[e].copy_(s)
 
 
 def _prefill(args, init, plan: ChunkPlan, pool, out, groups: int) -> None:
