@@ -392,6 +392,8 @@ class LlamaClient(Client):
                 timings = ev["timings"]
         if timings is None or first is None:
             raise RuntimeError(f"llama-server: a stream ended without tokens or timings ({key})")
+        if int(timings.get("predicted_n", len(rows))) != len(rows):   # a token held back mid-character
+            raise RuntimeError(f"llama-server: {timings['predicted_n']} tokens predicted, {len(rows)} streamed ({key})")
         computed, cached = int(timings["prompt_n"]), int(timings["cache_n"])
         item = Item(key, first - t0, last - t0, computed + cached, computed, cached, rows)
         item.first_at, item.last_at = first, last  # type: ignore[attr-defined]
@@ -464,7 +466,7 @@ def wait_health(base: str, proc: subprocess.Popen, timeout: float, log: Path) ->
                     return time.perf_counter() - t0
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             pass
-        time.sleep(0.1)
+        time.sleep(0.2)
     raise RuntimeError(f"/health did not answer 200 within {timeout:.0f} s:\n" + tail(log))
 
 
@@ -531,8 +533,9 @@ def radixflow_env() -> dict:
 #   the RAM prompt cache on every new task), --cache-ram stays as a fallback; ubatch at its default 512.
 # - decode probe: 16 slots in one unified KV cache, so 16 streams decode in one batch.
 LLAMA_SETTINGS = {
-    "scoring": ["-np", "1", "-c", "8192", "-ub", "64", "--ctx-checkpoints", "32", "--cache-ram", "8192"],
-    "scoring-parallel": ["-np", "4", "-kvu", "-c", "16384", "-ub", "64", "--ctx-checkpoints", "32",
+    "scoring": ["-np", "1", "-c", "8192", "-ub", "{scoring_ubatch}", "--ctx-checkpoints", "32",
+                "--cache-ram", "8192"],
+    "scoring-parallel": ["-np", "4", "-kvu", "-c", "16384", "-ub", "{scoring_ubatch}", "--ctx-checkpoints", "32",
                          "--cache-ram", "8192"],
     "agentic": ["-np", "{sessions}", "-c", "{agentic_ctx}", "--ctx-checkpoints", "32", "--cache-ram", "8192",
                 "--no-cache-idle-slots"],
@@ -540,9 +543,10 @@ LLAMA_SETTINGS = {
 }
 
 
-def llama_cmd(binary: Path, gguf: Path, port: int, workload: str, sizes: Sizes) -> list[str]:
+def llama_cmd(binary: Path, gguf: Path, port: int, workload: str, sizes: Sizes, scoring_ubatch: int = 64) -> list[str]:
     longest = sizes.first_len[1] + (sizes.turns - 1) * (sizes.reply_tokens + sizes.tool_len[1]) + sizes.reply_tokens
-    fill = {"sessions": str(sizes.sessions), "agentic_ctx": str(sizes.sessions * max(4096, 2 * longest))}
+    fill = {"sessions": str(sizes.sessions), "agentic_ctx": str(sizes.sessions * max(4096, 2 * longest)),
+            "scoring_ubatch": str(scoring_ubatch)}
     extra = [a.format(**fill) for a in LLAMA_SETTINGS[workload]]
     return [str(binary), "-m", str(gguf), "-t", str(THREADS), "-tb", str(THREADS), "--host", "127.0.0.1",
             "--port", str(port), "--no-webui", *extra]
@@ -618,7 +622,7 @@ def bench_model(model: str, args, sizes: Sizes, logdir: Path) -> dict:
         out["loads"]["llama_before"] = load()
         for setting, workload in plan:
             port = free_port()
-            cmd = llama_cmd(args.llama_server, gguf, port, setting, sizes)
+            cmd = llama_cmd(args.llama_server, gguf, port, setting, sizes, args.llama_scoring_ubatch)
             r["settings"][workload] = " ".join(cmd[cmd.index("--no-webui") + 1:])
             with Server(cmd, logdir / f"{name}-llama-{setting}.log") as srv:
                 c = LlamaClient(srv.base, model, args.request_timeout, args.llama_scoring)
@@ -710,6 +714,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"the llama-server binary (default: the venv's, from {INSTALL}; env LLAMA_SERVER)")
     p.add_argument("--llama-scoring", choices=("sequential", "parallel"), default="sequential",
                    help="llama-server's form of the scoring workload (see the module doc)")
+    p.add_argument("--llama-scoring-ubatch", type=int, default=64,
+                   help="llama-server's -ub on the scoring workload (see LLAMA_SETTINGS)")
     p.add_argument("--no-decode", action="store_true", help="skip the decode probe")
     p.add_argument("--request-timeout", type=float, default=1800.0)
     p.add_argument("--logs", type=Path, default=None, help="keep the servers' logs here (default: a temp dir)")
