@@ -471,8 +471,10 @@ def wait_health(base: str, proc: subprocess.Popen, timeout: float, log: Path) ->
 
 
 def tail(log: Path, n: int = 15) -> str:
+    """The log's last lines but the access lines of the /health polls."""
     try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+        lines = [x for x in log.read_text(errors="replace").splitlines() if "GET /health" not in x]
+        return "\n".join(lines[-n:])
     except OSError:
         return "(no log)"
 
@@ -480,7 +482,8 @@ def tail(log: Path, n: int = 15) -> str:
 class Server:
     """A server process started here, stopped (SIGTERM, then SIGKILL) on exit."""
 
-    def __init__(self, cmd: list[str], log: Path, env: dict | None = None):
+    def __init__(self, cmd: list[str], log: Path, env: dict | None = None, startup_timeout: float = 900.0):
+        self.startup_timeout = startup_timeout
         self.port = int(cmd[cmd.index("--port") + 1])
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -492,7 +495,11 @@ class Server:
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(self.cmd, stdout=self._f, stderr=subprocess.STDOUT, env=self._env,
                                      start_new_session=True)
-        wait_health(self.base, self.proc, 900, self.log)
+        try:
+            wait_health(self.base, self.proc, self.startup_timeout, self.log)
+        except BaseException:
+            self.__exit__()
+            raise
         self.startup_s = time.perf_counter() - t0
         return self
 
@@ -602,7 +609,8 @@ def bench_model(model: str, args, sizes: Sizes, logdir: Path) -> dict:
         port = free_port()
         out["loads"]["radixflow_before"] = load()
         say(f"   radixflow serve ({load()}) ...", flush=True)
-        with Server(radixflow_cmd(model, port), logdir / f"{name}-radixflow.log", radixflow_env()) as srv:
+        with Server(radixflow_cmd(model, port), logdir / f"{name}-radixflow.log", radixflow_env(),
+                    args.startup_timeout) as srv:
             c = RadixflowClient(srv.base, model, args.request_timeout)
             r: dict = {"startup_s": srv.startup_s, "command": " ".join(srv.cmd[1:])}
             say(f"   radixflow: /health 200 after {srv.startup_s:.1f} s", flush=True)
@@ -624,7 +632,7 @@ def bench_model(model: str, args, sizes: Sizes, logdir: Path) -> dict:
             port = free_port()
             cmd = llama_cmd(args.llama_server, gguf, port, setting, sizes, args.llama_scoring_ubatch)
             r["settings"][workload] = " ".join(cmd[cmd.index("--no-webui") + 1:])
-            with Server(cmd, logdir / f"{name}-llama-{setting}.log") as srv:
+            with Server(cmd, logdir / f"{name}-llama-{setting}.log", None, args.startup_timeout) as srv:
                 c = LlamaClient(srv.base, model, args.request_timeout, args.llama_scoring)
                 r["startups_s"][workload] = srv.startup_s
                 say(f"   llama-server [{r['settings'][workload]}]: /health 200 after {srv.startup_s:.1f} s", flush=True)
@@ -718,6 +726,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="llama-server's -ub on the scoring workload (see LLAMA_SETTINGS)")
     p.add_argument("--no-decode", action="store_true", help="skip the decode probe")
     p.add_argument("--request-timeout", type=float, default=1800.0)
+    p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for /health 200")
     p.add_argument("--logs", type=Path, default=None, help="keep the servers' logs here (default: a temp dir)")
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
@@ -750,14 +759,18 @@ def main(argv: list[str] | None = None) -> int:
     out = []
     t0 = time.perf_counter()
     for m in models:
-        out.append(bench_model(m, args, sizes, logdir))
+        try:
+            out.append(bench_model(m, args, sizes, logdir))
+        except RuntimeError as e:   # a server that did not start or answered an error: the next model still runs
+            print(f"serve_peers: {m}: {e}", file=sys.stderr)
+            out.append({"model": m, "error": str(e)})
     run["wall_s"] = time.perf_counter() - t0
     run["load_end"] = load()
     print(f"\n{len(models)} model(s) in {run['wall_s']:.0f} s; {load()}")
     if args.json:
         args.json.write_text(json.dumps({"run": run, "models": out}, indent=2, default=str))
         print(f"wrote {args.json}")
-    return 0
+    return 1 if any("error" in m for m in out) else 0
 
 
 if __name__ == "__main__":

@@ -186,3 +186,16 @@ def test_radixflow_client_runs_both_workloads_against_a_live_server():
         assert decode["3"]["tokens"] == 3 * (sizes.probe_tokens - 1) and decode["3"]["tok_s"] > 0
     finally:
         server.stop()
+
+
+def test_a_server_that_exits_or_never_answers_is_reported_and_stopped(tmp_path):
+    boom = [sys.executable, "-c", "import sys; print('boom: bad flag'); sys.exit(3)", "--port", str(sp.free_port())]
+    with pytest.raises(RuntimeError, match=r"(?s)exited with 3.*boom: bad flag"):
+        with sp.Server(boom, tmp_path / "boom.log"):
+            pass
+    silent = sp.Server([sys.executable, "-c", "import time; time.sleep(120)", "--port", str(sp.free_port())],
+                       tmp_path / "silent.log", startup_timeout=1.0)
+    with pytest.raises(RuntimeError, match="did not answer 200 within 1 s"):
+        with silent:
+            pass
+    assert silent.proc.poll() is not None   # stopped, not left running
