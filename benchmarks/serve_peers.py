@@ -756,19 +756,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"scoring: {len(q)} questions x {sizes.candidates} candidates, "
           f"{sum(len(p) for x in q for p in x.prompts)} prompt tokens; agentic: {len(s)} sessions x "
           f"{sizes.turns} turns of {sizes.reply_tokens}-token replies")
-    out = []
+    out: list[dict] = []
     t0 = time.perf_counter()
+
+    def write() -> None:   # after every model, so a run cut short keeps what it measured
+        if args.json:
+            args.json.write_text(json.dumps({"run": run, "models": out}, indent=2, default=str))
+
     for m in models:
         try:
             out.append(bench_model(m, args, sizes, logdir))
         except RuntimeError as e:   # a server that did not start or answered an error: the next model still runs
             print(f"serve_peers: {m}: {e}", file=sys.stderr)
             out.append({"model": m, "error": str(e)})
+        write()
     run["wall_s"] = time.perf_counter() - t0
     run["load_end"] = load()
     print(f"\n{len(models)} model(s) in {run['wall_s']:.0f} s; {load()}")
+    write()
     if args.json:
-        args.json.write_text(json.dumps({"run": run, "models": out}, indent=2, default=str))
         print(f"wrote {args.json}")
     return 1 if any("error" in m for m in out) else 0
 
