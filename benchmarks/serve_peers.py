@@ -574,11 +574,13 @@ def model_dir(model: str) -> Path:
 
 
 def gguf_of(path: Path) -> Path:
-    """The model's F32 GGUF next to its directory (the same file benchmarks/engine_peers.py uses), converted once."""
-    out = path.parent / f"{path.name}.f32.gguf"
+    """The model's F32 GGUF with a placeholder vocabulary (llama-server needs one: benchmarks/llamacpp_convert.py),
+    next to its directory, converted once."""
+    out = path.parent / f"{path.name}.f32.vocab.gguf"
     if not out.is_file():
         convert = Path(__file__).with_name("llamacpp_convert.py")
-        res = subprocess.run([sys.executable, str(convert), str(path), str(out)], capture_output=True, text=True)
+        res = subprocess.run([sys.executable, str(convert), "--placeholder-vocab", str(path), str(out)],
+                             capture_output=True, text=True)
         if res.returncode != 0:
             lines = [x for x in (res.stderr + res.stdout).splitlines() if x.strip()]
             raise RuntimeError("GGUF conversion failed: " + (lines[-1] if lines else f"exit {res.returncode}"))
@@ -642,7 +644,7 @@ def bench_model(model: str, args, sizes: Sizes, logdir: Path) -> dict:
                     r["agentic"], li["agentic"] = run_agentic(c, sessions, sizes)
                 else:
                     r["decode"] = run_decode(c, sizes, args.seed)
-                if workload in r:
+                if workload != "decode":
                     say(f"   llama-server {workload}: {r[workload]['wall_s']:.1f} s ({load()})", flush=True)
         r["startup_s"] = r["startups_s"]["scoring"]
         results["llama-server"], items["llama-server"] = r, li

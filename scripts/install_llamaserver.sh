@@ -18,14 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${1:-.venv}
-LLAMA_CPP_PYTHON_VERSION=0.3.36
-GGUF_VERSION=0.19.0
-PY=${PYTHON:-python3}
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-fi
-VENV=$(cd "$VENV" && pwd -P)
-share="$VENV/share/radixflow-llamacpp"
+source scripts/llamacpp_sdist.sh
 binary="$share/bin/llama-server"
 stamp="$share/bin/.llama-server-stamp"
 cmake_flags=(
@@ -39,29 +32,9 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && [ -x "$binary" ] \
   && [ -f "$share/conversion/__init__.py" ]; then
   exit 0
 fi
-# pip's output without the lines about other packages' unmet requirements (vLLM is installed --no-deps).
-quiet() {
-  local out
-  out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }
-  echo "$out" | grep -v -e "^WARNING: Location" -e "requires" -e "dependency resolver" -e "incompatible" || true
-}
 start=$(date +%s)
-if ! "$VENV/bin/python" -c "import importlib.metadata as m, sentencepiece; assert m.version('gguf') == '$GGUF_VERSION'" 2>/dev/null; then
-  quiet "$VENV/bin/python" -m pip install -q "gguf==$GGUF_VERSION" sentencepiece
-fi
+install_converter
 mkdir -p "$share/bin"
-sdist="$share/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
-if [ ! -f "$sdist" ]; then
-  tmp=$(mktemp -d)
-  quiet "$VENV/bin/python" -m pip download -q --no-deps --no-binary llama-cpp-python -d "$tmp" \
-    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
-  mv "$tmp"/llama_cpp_python-*.tar.gz "$sdist"
-  rm -rf "$tmp"
-fi
-top="llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
-if [ ! -f "$share/conversion/__init__.py" ]; then
-  tar xzf "$sdist" -C "$share" --strip-components=3 "$top/convert_hf_to_gguf.py" "$top/conversion" "$top/gguf-py"
-fi
 src="$share/server-src"
 if [ ! -f "$src/tools/server/server.cpp" ]; then
   rm -rf "$src.tmp" && mkdir -p "$src.tmp"
