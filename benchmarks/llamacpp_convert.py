@@ -11,6 +11,13 @@ eos/pad ids: the benchmark feeds llama.cpp token ids, never text. Qwen3.5 is con
 (the random checkpoints hold none).
 
     python benchmarks/llamacpp_convert.py MODEL_DIR OUT.gguf
+    python benchmarks/llamacpp_convert.py --placeholder-vocab MODEL_DIR OUT.gguf   # for llama-server
+
+`--placeholder-vocab` writes a vocabulary instead of none: llama-server turns every sampled token into
+text (`token_to_piece`), which aborts on a vocabulary of type none, and a stream holds back a token whose
+text is an incomplete UTF-8 character. So each id gets an ASCII piece of its own (`<t123>`, SentencePiece
+type `llama`, all normal tokens but eos / pad, which are control tokens; no BOS or EOS added): llama-server
+still gets token ids and gives them back, benchmarks/serve_peers.py reads ids, never text.
 
 Run in a process of its own (the benchmark does): it imports the sdist's `gguf` ahead of any other.
 """
@@ -27,7 +34,7 @@ def converter_dir() -> Path:
     return Path(sys.prefix) / "share" / "radixflow-llamacpp"
 
 
-def convert(model_dir: Path, out: Path) -> None:
+def convert(model_dir: Path, out: Path, placeholder_vocab: bool = False) -> None:
     share = converter_dir()
     if not (share / "conversion" / "__init__.py").is_file():
         raise SystemExit(f"no llama.cpp converter under {share}: run scripts/install_llamacpp.sh {sys.prefix}")
@@ -48,8 +55,19 @@ def convert(model_dir: Path, out: Path) -> None:
         no_mtp = bool(getattr(base, "supports_mtp_export", False))
 
         def set_vocab(self) -> None:
-            self.gguf_writer.add_tokenizer_model("none")
-            self.gguf_writer.add_vocab_size(vocab_size)
+            specials = {config.get(k) for k in ("eos_token_id", "pad_token_id")}
+            if placeholder_vocab:
+                self.gguf_writer.add_tokenizer_model("llama")
+                self.gguf_writer.add_tokenizer_pre("default")
+                self.gguf_writer.add_token_list([f"<t{i}>".encode() for i in range(vocab_size)])
+                self.gguf_writer.add_token_scores([0.0] * vocab_size)
+                self.gguf_writer.add_token_types([gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL
+                                                  for i in range(vocab_size)])
+                self.gguf_writer.add_add_bos_token(False)
+                self.gguf_writer.add_add_eos_token(False)
+            else:
+                self.gguf_writer.add_tokenizer_model("none")
+                self.gguf_writer.add_vocab_size(vocab_size)
             for key, add in (("eos_token_id", self.gguf_writer.add_eos_token_id),
                              ("pad_token_id", self.gguf_writer.add_pad_token_id)):
                 if isinstance(config.get(key), int):
@@ -74,6 +92,9 @@ def convert(model_dir: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: python benchmarks/llamacpp_convert.py MODEL_DIR OUT.gguf")
-    convert(Path(sys.argv[1]), Path(sys.argv[2]))
+    argv = sys.argv[1:]
+    placeholder = "--placeholder-vocab" in argv
+    argv = [a for a in argv if a != "--placeholder-vocab"]
+    if len(argv) != 2:
+        raise SystemExit("usage: python benchmarks/llamacpp_convert.py [--placeholder-vocab] MODEL_DIR OUT.gguf")
+    convert(Path(argv[0]), Path(argv[1]), placeholder)

@@ -4,9 +4,10 @@
 # the venv given as $1 (default .venv). Only benchmarks/engine_peers.py needs it: it is the `peers`
 # extra, never part of the default or test install. Idempotent: a stamp in the venv makes re-runs instant.
 #
-# The sdist is downloaded once and kept: the build runs from it, and its converter
-# (vendor/llama.cpp/convert_hf_to_gguf.py, its conversion/ package and the gguf-py it was written against) is unpacked into
-# $VENV/share/radixflow-llamacpp/, where benchmarks/engine_peers.py imports it.
+# The sdist is downloaded once and kept (scripts/llamacpp_sdist.sh, shared with install_llamaserver.sh):
+# the build runs from it, and its converter (vendor/llama.cpp/convert_hf_to_gguf.py, its conversion/
+# package and the gguf-py it was written against) is unpacked into $VENV/share/radixflow-llamacpp/,
+# where benchmarks/engine_peers.py imports it.
 #
 # Build time: about 9 minutes on 2 cores (CMAKE_BUILD_PARALLEL_LEVEL=2, GGML_NATIVE picks up AVX-512
 # and OpenMP); more on a loaded machine.
@@ -14,38 +15,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${1:-.venv}
-LLAMA_CPP_PYTHON_VERSION=0.3.36
-GGUF_VERSION=0.19.0
-PY=${PYTHON:-python3}
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-fi
-VENV=$(cd "$VENV" && pwd)
-share="$VENV/share/radixflow-llamacpp"
+source scripts/llamacpp_sdist.sh
 stamp="$VENV/.radixflow-llamacpp-$LLAMA_CPP_PYTHON_VERSION"
 wanted="llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION gguf==$GGUF_VERSION sentencepiece native converter"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && [ -f "$share/conversion/__init__.py" ]; then
   exit 0
 fi
-# pip's output without the lines about other packages' unmet requirements (vLLM is installed --no-deps).
-quiet() {
-  local out
-  out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }
-  echo "$out" | grep -v -e "^WARNING: Location" -e "requires" -e "dependency resolver" -e "incompatible" || true
-}
 start=$(date +%s)
-quiet "$VENV/bin/python" -m pip install -q "gguf==$GGUF_VERSION" sentencepiece
-mkdir -p "$share"
-sdist="$share/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
-if [ ! -f "$sdist" ]; then
-  tmp=$(mktemp -d)
-  quiet "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: -d "$tmp" \
-    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
-  mv "$tmp"/llama_cpp_python-*.tar.gz "$sdist"
-  rm -rf "$tmp"
-fi
-top="llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
-tar xzf "$sdist" -C "$share" --strip-components=3 "$top/convert_hf_to_gguf.py" "$top/conversion" "$top/gguf-py"
+install_converter
 CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
   quiet "$VENV/bin/python" -m pip install -q --no-cache-dir "$sdist"
 "$VENV/bin/python" - <<'PY'
