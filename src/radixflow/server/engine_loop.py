@@ -26,6 +26,9 @@ from radixflow.server.errors import APIError
 from radixflow.server.metrics import PoolUse, ServerMetrics
 
 log = logging.getLogger("radixflow.server")
+# A warm-up probe step (up to a forward at real size) runs only after this long without a request step, so a
+# client's next request, sent right after the last answer, never queues behind one (docs/server.md "Start-up").
+WARM_QUIET_S = 2.0
 _KEEP = 4096  # finished branches / round records kept by the scheduler before trimming
 
 
@@ -82,6 +85,7 @@ class EngineLoop:
         self.engine: Engine | None = None
         self.load_error: BaseException | None = None
         self.ready = threading.Event()
+        self._busy_at = float("-inf")  # when the engine last stepped a request (monotonic)
         self.draining = False
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -189,8 +193,8 @@ class EngineLoop:
             if not self._apply_commands(self._wait_time(progressed)):
                 break
             if not eng.has_unfinished:  # an abort or a refused add may have left the engine idle
-                if eng.warming:  # idle: one step of the warm-up probes left (a scan layout or a forward)
-                    self._warm_step()
+                if eng.warming and self._quiet_for() >= WARM_QUIET_S:  # one warm-up probe step (a scan
+                    self._warm_step()  # layout or a forward), only once no request came for a while
                 self._update_gauges()
                 progressed = True
                 continue
@@ -203,6 +207,7 @@ class EngineLoop:
                 progressed = True
                 continue
             progressed = bool(batch)
+            self._busy_at = time.monotonic()
             if batch:
                 self._after_round(batch, finished, sc.blocked_total - blocked_before)
             elif eng.idle_until() is None:
@@ -227,6 +232,10 @@ class EngineLoop:
             log.info("warm-up probes pending (%s): they run between requests; until then levels run the "
                      "default scan chunk and --handoff auto hands off without a cost model", eng.warmup_state())
 
+    def _quiet_for(self) -> float:
+        """Seconds since the engine last stepped a request (a warm-up probe step waits for WARM_QUIET_S)."""
+        return time.monotonic() - self._busy_at
+
     def _warm_step(self) -> None:
         eng = self.engine
         before = dict(eng.warmup.source) if eng.warmup is not None else {}
@@ -242,8 +251,8 @@ class EngineLoop:
 
     def _wait_time(self, progressed: bool) -> float | None:
         eng = self.engine
-        if not eng.has_unfinished:
-            return 0.0 if eng.warming else None  # block until a command, unless probes are left
+        if not eng.has_unfinished:  # block until a command, or until it is quiet enough for a probe step
+            return max(0.0, WARM_QUIET_S - self._quiet_for()) if eng.warming else None
         if progressed:
             return 0.0
         deadline = eng.idle_until()
