@@ -86,6 +86,19 @@ def states_arm(arm: str):
         BatchContext.states_in_place = saved
 
 
+def next_round(eng: Engine):
+    """One round that runs something: an empty one (every branch waiting for a deadline) moves the engine's
+    clock to that deadline and steps again, as `LLM` does."""
+    while True:
+        batch, _ = eng.step()
+        if batch:
+            return batch
+        deadline = eng.idle_until()
+        if deadline is None:
+            raise RuntimeError("engine stuck: work left but nothing schedulable")
+        eng.now = max(eng.now, deadline)
+
+
 def ids(gen: torch.Generator, n: int) -> list[int]:
     return torch.randint(3, 250, (n,), generator=gen).tolist()
 
@@ -100,18 +113,18 @@ def run(args, rows: int, eng: Engine, clock: StepClock, prompts: list[list[int]]
         eng.add([eng.make_branch(f"{tag}-{s}", i, prompts[s], params) for i in range(per)])
     t0 = time.perf_counter()
     while True:  # prefill (cached prefixes hit) until every row decodes
-        batch, _ = eng.step()
-        if batch and batch.num_tokens == batch.num_rows == rows:
+        batch = next_round(eng)
+        if batch.num_tokens == batch.num_rows == rows:
             break
     prefill = time.perf_counter() - t0
     for _ in range(args.warm - 1):
-        eng.step()
+        next_round(eng)
     times, cpu, parts = [], [], defaultdict(list)
     engine_profile.TOTALS.clear()
     for _ in range(args.steps):
         clock.parts.clear()
         t, c = time.perf_counter(), time.process_time()
-        batch, _ = eng.step()
+        batch = next_round(eng)
         times.append(time.perf_counter() - t)
         cpu.append(time.process_time() - c)
         assert batch.num_tokens == rows, (batch.num_tokens, rows)
@@ -135,14 +148,14 @@ def run(args, rows: int, eng: Engine, clock: StepClock, prompts: list[list[int]]
     if args.ops:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             t = time.perf_counter()
-            eng.step()
+            next_round(eng)
             wall = time.perf_counter() - t
         ops = sorted(((e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()),
                      key=lambda x: -x[1])
         print(f"    torch.profiler, one step {wall * 1e3:.0f} ms: " + ", ".join(
             f"{k} {t * 1e3:.1f} ms ({n})" for k, t, n in ops[:args.ops]), flush=True)
     while eng.has_unfinished:  # the rows' remaining tokens (their prefixes stay cached for the next run)
-        eng.step()
+        next_round(eng)
     weights = weight_bytes(eng.loaded.model)
     print(f"    weights {weights / 1e9:.2f} GB read once a step: {weights / fwd / 1e9:.1f} GB/s in the forward",
           flush=True)
