@@ -193,7 +193,9 @@ def test_a_server_that_exits_or_never_answers_is_reported_and_stopped(tmp_path):
     with pytest.raises(RuntimeError, match=r"(?s)exited with 3.*boom: bad flag"):
         with sp.Server(boom, tmp_path / "boom.log"):
             pass
-    silent = sp.Server([sys.executable, "-c", "import time; time.sleep(120)", "--port", str(sp.free_port())],
+    # a process that never serves: it waits on an event nobody sets, until the harness stops it
+    never = "import threading; threading.Event().wait()"
+    silent = sp.Server([sys.executable, "-c", never, "--port", str(sp.free_port())],
                        tmp_path / "silent.log", startup_timeout=1.0)
     with pytest.raises(RuntimeError, match="did not answer 200 within 1 s"):
         with silent:

@@ -85,7 +85,8 @@ class EngineLoop:
         self.engine: Engine | None = None
         self.load_error: BaseException | None = None
         self.ready = threading.Event()
-        self._busy_at = float("-inf")  # when the engine last stepped a request (monotonic)
+        self._clock = time.monotonic  # the quiet gap's clock (tests give their own)
+        self._busy_at = float("-inf")  # when the engine last stepped a request (on _clock)
         self.draining = False
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -207,7 +208,7 @@ class EngineLoop:
                 progressed = True
                 continue
             progressed = bool(batch)
-            self._busy_at = time.monotonic()
+            self._busy_at = self._clock()
             if batch:
                 self._after_round(batch, finished, sc.blocked_total - blocked_before)
             elif eng.idle_until() is None:
@@ -234,7 +235,7 @@ class EngineLoop:
 
     def _quiet_for(self) -> float:
         """Seconds since the engine last stepped a request (a warm-up probe step waits for WARM_QUIET_S)."""
-        return time.monotonic() - self._busy_at
+        return self._clock() - self._busy_at
 
     def _warm_step(self) -> None:
         eng = self.engine
