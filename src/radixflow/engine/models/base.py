@@ -15,7 +15,7 @@ from torch import nn
 from .batch import BatchContext, validate_rows
 from .cache import CacheLayout, ModelCache, RowInput
 from .chunk_plan import ScanCosts
-from .layers import fuse_projections
+from .layers import pack_projections
 from .level_clock import LevelClock
 
 _REQUIRED = object()
@@ -102,7 +102,7 @@ class CausalLM(nn.Module):
         if not rows:
             return torch.empty(0, self.vocab_size, device=cache.device)
         if not self.__dict__.get("_fused", False):  # once, after the weights are in (layers.FusedLinears)
-            fuse_projections(self)
+            pack_projections(self)
             self.__dict__["_fused"] = True
         batch = BatchContext(rows, cache.block_size, cache.device, clock, scan_costs)
         self.prepare(batch)
