@@ -112,7 +112,7 @@ def test_the_start_up_log_names_each_phase_and_the_built_pools(caplog):
         assert state.loop.ready.wait(120)
         state.loop.stop()
     text = caplog.text
-    for phase in ("model check", "load weights", "allocate KV pages and state slots", "probes (scan pending"):
+    for phase in ("model check", "load weights", "allocate and touch KV pages and state slots", "probes (scan pending"):
         assert f"start-up: {phase}" in text
     pools = state.loop.engine.pools
     assert f"pools built: {pools.pages} KV pages" in text and f"{pools.slots} state slots" in text
