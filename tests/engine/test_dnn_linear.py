@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixflow.engine.models import RowInput, build_model
-from radixflow.engine.models import dnn_linear
+from radixflow.engine.models import RowInput, build_model, dnn_linear
 from radixflow.engine.models.layers import FusedLinears
 from radixflow.engine.tiny import TINY_CONFIGS, random_weights
 
