@@ -61,6 +61,10 @@ class SchedulerConfig:
                                         "published state and the checkpoint) or when round t+1 runs anyway; "
                                         "N: also whenever the wait saves at least N tokens (64: more reuse, "
                                         "more rounds; docs/checkpoints.md)")
+    tail_checkpoints: int = _opt(0, "--checkpoints branch: also snapshot every 4 blocks (block-aligned) in the last "
+                                    "this many tokens of every prompt, where the next request sharing the prompt "
+                                    "most often diverges (a new question on the same document, an edited last "
+                                    "message); 0: none. serve's default: 256 on a hybrid model (docs/server.md)")
     handoff: str = _opt("auto", "hybrid models: in-forward state hand-off (SPEC §15). 'on': a Blocked consumer whose "
                                "boundary lies inside a producer's fragment of the same round runs in that "
                                "forward as a dependent row, reading the producer's state at its depth; "
@@ -113,6 +117,8 @@ class SchedulerConfig:
         if self.checkpoint_wait != "grid" and not (self.checkpoint_wait.isdigit() and int(self.checkpoint_wait) > 0):
             raise ValueError(f"--checkpoint-wait must be 'grid' or a positive token count, "
                              f"got {self.checkpoint_wait!r}")
+        if self.tail_checkpoints < 0:
+            raise ValueError(f"--tail-checkpoints must be >= 0 tokens, got {self.tail_checkpoints}")
         if self.handoff not in HANDOFF_MODES:
             raise ValueError(f"unknown --handoff {self.handoff!r}; choose from {', '.join(HANDOFF_MODES)}")
         if self.handoff_max_levels < 1:

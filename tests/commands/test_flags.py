@@ -191,6 +191,8 @@ def test_bench_dtype_nonsense_exits_2(capsys):
     (["simulate", "--workload", "multi-turn", "--cache-capacity", "24x", "--gpu-memory-utilization", "0.5"],
      "--gpu-memory-utilization"),
     (["simulate", "--checkpoint-wait", "64"], "--checkpoint-wait"),
+    (["simulate", "--tail-checkpoints", "64"], "--tail-checkpoints"),
+    (["bench", "--tail-checkpoints", "64"], "--tail-checkpoints"),
     (["simulate", "--handoff", "off", "--handoff-max-levels", "3"], "--handoff-max-levels"),
     (["simulate", "--workload", "figure1", "--handoff-max-levels", "3"], "--handoff-max-levels"),  # figure1: off
     (["simulate", "--scheduler", "vllm", "--handoff-max-levels", "3"], "--handoff-max-levels"),  # vLLM: off

@@ -215,3 +215,42 @@ def test_checkpoint_wait_must_be_grid_or_a_token_count():
     for bad in ("0", "-4", "often"):
         with pytest.raises(ValueError, match="--checkpoint-wait"):
             small_config(checkpoint_wait=bad).validate()
+
+
+def _questions(arrivals=(0.0, 5.0)):
+    """Two questions on one 100-token document, four candidates each; the second arrives after the first."""
+    out = []
+    for q, t in enumerate(arrivals):
+        for i in range(4):
+            toks = tokens_of([Segment("doc", 100), Segment(f"q{q}", 10), Segment(f"q{q}c{i}", 5 + i)])
+            out.append(Branch(f"q{q}", i, toks, "ns", t, max_new_tokens=1))
+    return out
+
+
+def test_tail_checkpoints_let_a_later_question_resume_near_the_document_end():
+    # 4-token pages, a 64-token interval: without tail checkpoints the second question's first branch resumes
+    # at the interval boundary (64) below the document's end (100); with a 64-token tail window the first
+    # question's rows snapshot every 4 blocks (16 tokens) of their last 64, so it resumes at 96
+    firsts = {}
+    for tail in (0, 64):
+        s = _run(_questions(), small_config(state_interval=64, checkpoints="branch", tail_checkpoints=tail))
+        firsts[tail] = min(b.cached_tokens for b in s.finished if b.request_id == "q1")
+        assert s.holds_nothing()
+    assert firsts == {0: 64, 64: 96}
+
+
+def test_tail_checkpoints_are_refused_outside_branch_mode():
+    import argparse
+
+    import pytest
+
+    from radixflow.commands.common import scheduler_config
+    from radixflow.commands.flags import add_scheduler_flags, remember_defaults
+
+    p = argparse.ArgumentParser()
+    add_scheduler_flags(p)
+    remember_defaults(p)
+    with pytest.raises(ValueError, match="--tail-checkpoints 256: read only with --checkpoints branch"):
+        scheduler_config(p.parse_args(["--tail-checkpoints", "256", "--checkpoints", "boundary"]))
+    cfg = scheduler_config(p.parse_args(["--tail-checkpoints", "256", "--checkpoints", "branch"]))
+    assert cfg.tail_checkpoints == 256

@@ -31,7 +31,10 @@ def _args(*flags: str) -> argparse.Namespace:
                                          ("random:nemotron-h-1b", "branch"), ("random:qwen3-0.6b", "boundary")])
 def test_branch_checkpoints_are_the_default_where_the_model_is_hybrid(model, mode):
     assert serve.checkpoints_default(model) == mode  # random: names are read from their configs, not built
-    assert serve.engine_config(_args("--model", model)).scheduler.checkpoints == mode
+    sc = serve.engine_config(_args("--model", model)).scheduler
+    assert sc.checkpoints == mode
+    # tail checkpoints come with branch mode (docs/server.md "Defaults"); nothing where there is no state
+    assert sc.tail_checkpoints == (serve.TAIL_CHECKPOINTS if mode == "branch" else 0)
 
 
 def test_a_given_checkpoint_mode_wins_and_checkpoint_wait_needs_branch():
@@ -41,6 +44,11 @@ def test_a_given_checkpoint_mode_wins_and_checkpoint_wait_needs_branch():
         == "branch"
     # a hybrid model's default is branch, so its wait rule is honoured; full attention refuses it (exit 2)
     assert main(["serve", "--model", "tiny-qwen3", "--checkpoint-wait", "64", "--port", "1"]) == 2
+    # the same for the tail window: a given one is kept, refused where the mode is not branch
+    given = serve.engine_config(_args("--model", "tiny-qwen3.5", "--tail-checkpoints", "0"))
+    assert given.scheduler.tail_checkpoints == 0
+    assert main(["serve", "--model", "tiny-qwen3.5", "--checkpoints", "boundary", "--tail-checkpoints", "128",
+                 "--port", "1"]) == 2
 
 
 def _engine_config(st_max_seqs: int = 16, kv: int | None = None) -> EngineConfig:
@@ -112,7 +120,7 @@ def test_the_start_up_log_names_each_phase_and_the_built_pools(caplog):
         assert state.loop.ready.wait(120)
         state.loop.stop()
     text = caplog.text
-    for phase in ("model check", "load weights", "allocate KV pages and state slots", "probes (scan pending"):
+    for phase in ("model check", "load weights", "allocate and touch KV pages and state slots", "probes (scan pending"):
         assert f"start-up: {phase}" in text
     pools = state.loop.engine.pools
     assert f"pools built: {pools.pages} KV pages" in text and f"{pools.slots} state slots" in text

@@ -18,7 +18,10 @@ def _loop(unfinished: bool, warming: bool, now: list[float]) -> EngineLoop:
 def test_no_probe_step_until_the_quiet_gap_has_passed():
     now = [100.0]
     loop = _loop(unfinished=False, warming=True, now=now)
-    assert loop._wait_time(True) == 0.0  # never stepped a request: the probes may start at once
+    loop._open()  # ready: the gap counts from here, so a first request sent at once finds no probe step
+    assert loop.ready.is_set() and loop._wait_time(True) == WARM_QUIET_S
+    now[0] += 5.0
+    assert loop._wait_time(True) == 0.0  # no request came: the probes start
     loop._busy_at = now[0]  # a request was just stepped
     assert loop._wait_time(True) == WARM_QUIET_S and loop._quiet_for() == 0.0
     now[0] += WARM_QUIET_S / 2

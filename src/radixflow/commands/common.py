@@ -102,7 +102,8 @@ def scheduler_config(args, model_name: str = "", default_budget: tuple[int, int]
     cfg = SchedulerConfig(**values)
     cfg.validate()
     if cfg.checkpoints != "branch":
-        refuse(args, ("checkpoint_wait",), f"the wait rule of --checkpoints branch, not of {cfg.checkpoints}")
+        refuse(args, ("checkpoint_wait", "tail_checkpoints"),
+               f"read only with --checkpoints branch, not {cfg.checkpoints}")
     if cfg.handoff == "off":
         refuse(args, ("handoff_max_levels",), "read only with --handoff on | auto")
     return cfg

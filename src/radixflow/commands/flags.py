@@ -216,6 +216,7 @@ FLAGS: dict[str, dict] = {
     "--snapshot-mode": _sched("snapshot_mode", default="every-boundary", choices=SNAPSHOT_MODES),
     "--checkpoints": _sched("checkpoints", default="boundary", choices=CHECKPOINT_MODES),
     "--checkpoint-wait": _sched("checkpoint_wait", type=checkpoint_wait, default="grid"),
+    "--tail-checkpoints": _sched("tail_checkpoints", type=non_negative_int, default=None),
     # None: SchedulerConfig's default (auto), or off where the run is the wait path's (common.scheduler_config)
     "--handoff": {**_sched("handoff", default=None, choices=HANDOFF_MODES),
                   "help": help_of(SchedulerConfig, "handoff") + " (off where not given: --workload figure1, the "
@@ -263,7 +264,7 @@ def add_scheduler_flags(p, eviction: bool = True) -> None:
     """The SchedulerConfig flags every command that runs the Scheduler has (`eviction=False`: the
     caller adds its own --eviction)."""
     add(p, "--max-num-seqs", "--max-num-batched-tokens", "--block-size", "--state-interval", "--snapshot-mode",
-        "--checkpoints", "--checkpoint-wait", "--handoff", "--handoff-max-levels")
+        "--checkpoints", "--checkpoint-wait", "--tail-checkpoints", "--handoff", "--handoff-max-levels")
     if eviction:
         add(p, "--eviction")
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",

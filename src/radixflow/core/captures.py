@@ -61,6 +61,7 @@ class Captures:
             first_b = (start // r.interval + 1) * r.interval
             self._boundaries(b, range(first_b, end + 1, r.interval), start, now, out)
             if r.branch_points is not None:  # exact depths; the branch's end is snapshotted at finish
+                self._boundaries(b, self._tail(b, start, end), start, now, out)
                 self._branch_points(b, start, end, now, out, copies)
                 out.append((end - start, tr.working))
                 return out
@@ -76,6 +77,22 @@ class Captures:
                     tr.rolling_depth = page_end
         out.append((end - start, tr.working if end_slot is None else end_slot))
         return out
+
+    def _tail(self, b: Branch, start: int, end: int) -> range:
+        """Tail checkpoints (`tail_checkpoints` tokens): the depths every 4 blocks in (start, end] within
+        that many tokens before the prompt's end, off the interval grid (those are captured anyway).
+        A later prompt that shares this one up to a point inside its last tokens (the next question on
+        the same document) then resumes within 4 blocks of it instead of at the last interval boundary
+        (a 512-token interval: 256 tokens recomputed on average). llama.cpp's server checkpoints a
+        prompt's tail for the same reason (`checkpoint_offsets`)."""
+        window = self.config.tail_checkpoints
+        step = 4 * self.block_size
+        lo = max(start, b.prompt_len - window)
+        first = (lo // step + 1) * step
+        hi = min(end, b.prompt_len - 1)
+        if window <= 0 or first > hi:
+            return range(0)
+        return range(first, hi + 1, step)
 
     def _branch_points(self, b: Branch, start: int, end: int, now: float, out: list[tuple[int, int]],
                        copies: list[tuple[int, int]]) -> None:

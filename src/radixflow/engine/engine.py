@@ -72,6 +72,8 @@ class Engine:
         if loaded is None:
             t0 = self._phase("load weights", t0)
         model = self.loaded.model
+        if model.prepare_weights():
+            t0 = self._phase("pack weights for oneDNN (fused projections)", t0)
         sc = config.scheduler
         layout_cache = model.allocate_cache(1, sc.block_size, 1)
         kv_tok, st_bytes = layout_cache.kv_bytes_per_token, layout_cache.state_bytes_per_slot
@@ -84,7 +86,8 @@ class Engine:
         sc = SchedulerConfig(**{**vars(sc), "num_kv_pages": pages, "num_state_slots": max(slots, 0)})
         self.scheduler_config = sc
         self.cache = model.allocate_cache(pages, sc.block_size, max(slots, 1) if model.is_hybrid else 0)
-        t0 = self._phase("allocate KV pages and state slots", t0)
+        self.cache.touch()
+        t0 = self._phase("allocate and touch KV pages and state slots", t0)
         self.executor = EngineExecutor(model, self.cache, self.loaded.tokenizer, keep_logits)
         self.scheduler = Scheduler(sc, get_arm(config.policy), model.is_hybrid)
         self.warmup: WarmUp | None = None

@@ -187,7 +187,7 @@ class EngineLoop:
         eng = self.engine
         sc = eng.scheduler
         self._update_gauges()
-        self.ready.set()
+        self._open()
         log.info("model %s loaded: ready", self.config.model)
         progressed = True
         while True:
@@ -216,6 +216,13 @@ class EngineLoop:
                                         "unschedulable"))
             self._update_gauges()
         self._fail_all(APIError(503, "the server stopped", None, "stopped"))
+
+    def _open(self) -> None:
+        """Ready: /health answers 200. The quiet gap counts from here too: a client that sends its first
+        request as soon as /health answers never queues behind a warm-up probe step (before, the gap counted
+        from -inf and the probes started at once: a serve_peers run's first question waited behind them)."""
+        self._busy_at = self._clock()
+        self.ready.set()
 
     def _log_startup(self, engine_seconds: float) -> None:
         """One line per start-up phase, with its seconds (docs/server.md "Start-up")."""

@@ -15,7 +15,7 @@ from torch import nn
 from .batch import BatchContext, validate_rows
 from .cache import CacheLayout, ModelCache, RowInput
 from .chunk_plan import ScanCosts
-from .layers import fuse_projections
+from .layers import pack_projections
 from .level_clock import LevelClock
 
 _REQUIRED = object()
@@ -91,6 +91,16 @@ class CausalLM(nn.Module):
         return ModelCache(self.cache_layout(), num_pages, block_size, num_state_slots,
                           device or p.device, dtype or p.dtype)
 
+    def prepare_weights(self) -> int:
+        """Once, after the weights are in: fuse same-input projections and reorder every projection's
+        weight for oneDNN (layers.pack_projections). Returns how many weights were packed this call (0
+        when done before). The Engine calls it while building; a forward calls it if nobody did."""
+        if self.__dict__.get("_fused", False):
+            return 0
+        n = pack_projections(self)
+        self.__dict__["_fused"] = True
+        return n
+
     @torch.inference_mode()
     def forward(self, rows: list[RowInput], cache: ModelCache, clock: LevelClock | None = None,
                 scan_costs: ScanCosts | None = None) -> torch.Tensor:
@@ -101,9 +111,7 @@ class CausalLM(nn.Module):
         validate_rows(rows, cache.block_size, cache.num_pages, cache.num_state_slots, self.is_hybrid)
         if not rows:
             return torch.empty(0, self.vocab_size, device=cache.device)
-        if not self.__dict__.get("_fused", False):  # once, after the weights are in (layers.FusedLinears)
-            fuse_projections(self)
-            self.__dict__["_fused"] = True
+        self.prepare_weights()
         batch = BatchContext(rows, cache.block_size, cache.device, clock, scan_costs)
         self.prepare(batch)
         h = self.embed(batch.token_ids)

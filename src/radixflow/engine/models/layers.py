@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import dnn_linear
 from .activations import ACTIVATIONS, Fn
 
 
@@ -134,6 +135,7 @@ class FusedLinears:
         self.sizes = [lin.out_features for lin in linears]
         self.weight: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
+        self.packed: dnn_linear.PackedWeight | None = None
         self._ptrs: list[int] = []
 
     def _current(self) -> bool:
@@ -156,12 +158,18 @@ class FusedLinears:
                     lin.bias = nn.Parameter(bias[off:off + n], requires_grad=False)
                 off += n
         self.weight, self.bias = weight, bias
+        self.packed = None
         self._ptrs = [lin.weight.data_ptr() for lin in lins]
+
+    def pack(self) -> None:
+        """Reorder the fused weight for oneDNN (engine/models/dnn_linear.py); the dense one is kept."""
+        if self._current() and dnn_linear.packable(self.weight):
+            self.packed = dnn_linear.PackedWeight(self.weight)
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         if not self._current():
             return [lin(x) for lin in self.linears]
-        return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))
+        return list(dnn_linear.linear(x, self.weight, self.bias, self.packed).split(self.sizes, dim=-1))
 
 
 def fuse_projections(model: nn.Module) -> None:
@@ -170,6 +178,23 @@ def fuse_projections(model: nn.Module) -> None:
         fused = m.__dict__.get("fused")
         if isinstance(fused, FusedLinears):
             fused.fuse()
+
+
+def pack_projections(model: nn.Module) -> int:
+    """Fuse, then reorder every projection the forward calls for oneDNN (dnn_linear.py): each fused
+    group's weight once, and every other Linear's. Returns how many weights were packed (0 where
+    oneDNN is off or absent)."""
+    fuse_projections(model)
+    if not dnn_linear.enabled():
+        return 0
+    n, members = 0, set()
+    for m in model.modules():
+        fused = m.__dict__.get("fused")
+        if isinstance(fused, FusedLinears) and fused._current():
+            fused.pack()
+            n += fused.packed is not None
+            members.update(id(lin) for lin in fused.linears)
+    return n + dnn_linear.pack_linears(model, skip=members)
 
 
 TOKEN_BLOCK = 2048
