@@ -214,7 +214,7 @@ def breakdown(name: str, repeat: int, device: str) -> None:
 
     ctx = BatchContext(hand, BLOCK, torch.device(device), None, costs)
     conv = ctx.conv_plan(4)
-    width = layout.states[0].conv[0] if n_rec else 1
+    width = layout.states[0].conv[1] if n_rec else 1   # the conv state is [K - 1, channels]
     flat = torch.zeros(conv.total, width, device=device)
     dst, src = ctx.kv_forks
     hkv = (layout.num_kv_heads, layout.head_dim)

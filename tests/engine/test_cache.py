@@ -17,7 +17,7 @@ def models():
 
 def test_layout_and_bytes(models):
     q35 = models["tiny-qwen3.5"].allocate_cache(4, 16, 3)
-    assert len(q35.k) == 2 and len(q35.conv) == 6 and q35.conv[0].shape == (3, 2 * 64 + 128, 3)
+    assert len(q35.k) == 2 and len(q35.conv) == 6 and q35.conv[0].shape == (3, 3, 2 * 64 + 128)
     assert q35.rec[0].shape == (3, 4, 32, 32) and q35.rec[0].dtype == torch.float32
     assert q35.kv_bytes_per_token == 2 * 2 * 2 * 32 * 4
     assert q35.state_bytes_per_slot == 6 * (256 * 3 + 4 * 32 * 32) * 4

@@ -22,20 +22,22 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                 cache: ModelCache, layer: int, act: Activation = F.silu) -> torch.Tensor:
     """x [N, C] -> act(conv(x)) [N, C]; saves the windows listed in state_out to cache.conv[layer].
 
-    weight: [C, 1, K] (depthwise). cache.conv[layer]: [slots, C, K-1].
+    weight: [C, 1, K] (depthwise). cache.conv[layer]: [slots, K-1, C], token-major like the flat layout,
+    so a window goes in and out by plain row copies (it was [slots, C, K-1]: a transposed copy each way,
+    148 against 40 us a layer at one decode row of qwen3.5-0.8b's 6,144 channels).
     """
     kernel = weight.shape[-1]
     plan = batch.conv_plan(kernel)
     pool = cache.conv[layer]
-    init = initial_states(pool, batch)                        # [R, C, K-1]
+    init = initial_states(pool, batch)                        # [R, K-1, C]
     # fp32 whatever the model dtype: a bf16 running sum over K taps loses the small taps
     flat = x.new_empty(plan.total, x.shape[1], dtype=torch.float32)
-    flat[plan.state_pos] = init.transpose(1, 2).reshape(-1, x.shape[1]).float()
+    flat[plan.state_pos] = init.reshape(-1, x.shape[1]).float()
     w = weight[:, 0, :].float()                                # [C, K]
     out = _flat_conv(x, w, flat, plan)
     if bias is not None:
         out += bias.float()
-    save_states(pool, plan.capture_slots, flat[plan.capture_pos].transpose(1, 2))
+    save_states(pool, plan.capture_slots, flat[plan.capture_pos])
     if act is F.silu:
         return F.silu(out, inplace=True).to(x.dtype)
     return act(out).to(x.dtype)

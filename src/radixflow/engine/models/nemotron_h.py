@@ -135,7 +135,7 @@ class Mamba2Mixer(nn.Module):
 
     def state_shape(self) -> StateShape:
         c = self.c
-        return StateShape((self.conv_dim, c.conv_kernel - 1),
+        return StateShape((c.conv_kernel - 1, self.conv_dim),
                           (c.mamba_num_heads, c.mamba_head_dim, c.ssm_state_size))
 
     def forward(self, x: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:

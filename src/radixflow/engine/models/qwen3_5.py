@@ -116,7 +116,7 @@ class GatedDeltaNet(nn.Module):
 
     def state_shape(self) -> StateShape:
         conv_dim = self.conv1d.weight.shape[0]
-        return StateShape((conv_dim, self.conv1d.weight.shape[-1] - 1), (self.nv, self.dk, self.dv))
+        return StateShape((self.conv1d.weight.shape[-1] - 1, conv_dim), (self.nv, self.dk, self.dv))
 
     def forward(self, x: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
         n = x.shape[0]
