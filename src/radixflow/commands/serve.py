@@ -146,11 +146,8 @@ def checkpoints_default(model: str) -> str:
 def engine_config(args, available_memory: int | None = None) -> EngineConfig:
     base = EngineConfig().scheduler
     fixed = {} if args.checkpoints is not None else {"checkpoints": checkpoints_default(args.model)}
-    mode = fixed.get("checkpoints", args.checkpoints)
-    if args.tail_checkpoints is None and mode == "branch":
-        fixed["tail_checkpoints"] = TAIL_CHECKPOINTS
-    elif args.tail_checkpoints and mode != "branch":
-        raise ValueError(f"--tail-checkpoints {args.tail_checkpoints}: read only with --checkpoints branch, not {mode}")
+    if args.tail_checkpoints is None and fixed.get("checkpoints", args.checkpoints) == "branch":
+        fixed["tail_checkpoints"] = TAIL_CHECKPOINTS  # a given one outside branch mode: scheduler_config refuses it
     sched = scheduler_config(args, default_budget=(base.max_num_seqs, base.max_num_batched_tokens), **fixed)
     probe_cache = None if args.probe_cache == "off" else args.probe_cache or str(default_probe_dir())
     return EngineConfig(model=args.model, policy=args.policy, device=args.device, dtype=args.dtype,

@@ -86,13 +86,11 @@ class Captures:
         (a 512-token interval: 256 tokens recomputed on average). llama.cpp's server checkpoints a
         prompt's tail for the same reason (`checkpoint_offsets`)."""
         window = self.config.tail_checkpoints
-        step = 4 * self.block_size
-        lo = max(start, b.prompt_len - window)
-        first = (lo // step + 1) * step
-        hi = min(end, b.prompt_len - 1)
-        if window <= 0 or first > hi:
+        if window <= 0:
             return range(0)
-        return range(first, hi + 1, step)
+        step = 4 * self.block_size
+        first = (max(start, b.prompt_len - window) // step + 1) * step
+        return range(first, min(end, b.prompt_len - 1) + 1, step)
 
     def _branch_points(self, b: Branch, start: int, end: int, now: float, out: list[tuple[int, int]],
                        copies: list[tuple[int, int]]) -> None:

@@ -82,11 +82,11 @@ class ModelCache:
     def touch(self) -> None:
         """Write every pool page once (zeros over zeros), so no round pays for faulting its pages in.
 
-        The pools come from calloc: the kernel maps a page on its first write, zeroed. A round that
-        first writes a state slot (19 MiB at qwen3.5-0.8b) or a KV page faults it in inside the forward,
-        on both torch threads at once: measured on a scoring round of qwen3.5-0.8b, 4 new slots, the
-        step took 762 ms against 528 ms with the pools touched before (the touch itself: 0.3-1.3 s for
-        2 GB on a quiet 2-core machine, once, at start-up)."""
+        The pools are fresh anonymous mappings (`_zeros`): the kernel maps a page on its first write,
+        zeroed. A round that first writes a state slot (19 MiB at qwen3.5-0.8b) or a KV page faults it
+        in inside the forward, on both torch threads at once: measured on a scoring round of qwen3.5-0.8b
+        that wrote 6 new slots, the step took 762 ms against 528 ms with the pools touched before (the
+        touch itself: ~2 s for 2 GB on a quiet 2-core machine, once, at start-up)."""
         if self.device.type == "cpu":
             for pool in (*self.k, *self.v, *self.conv, *self.rec):
                 pool.zero_()

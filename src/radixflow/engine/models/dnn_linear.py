@@ -38,7 +38,7 @@ def enabled() -> bool:
     """oneDNN linears are on: the build has them and `RADIXFLOW_ONEDNN` is not "0"."""
     flag = os.environ.get(ENV, "1").strip().lower()
     if flag not in ("0", "1", "off", "on", "false", "true"):
-        raise ValueError(f"{ENV}={flag!r}: expected 0 or 1")
+        raise ValueError(f"{ENV}={flag!r}: expected 0 or 1 (or off / on)")
     return (flag in ("1", "on", "true") and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
