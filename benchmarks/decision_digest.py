@@ -8,7 +8,12 @@ executor, checking integrity after every round, and hashes every fragment (branc
 table, state in/out, copies, hand-off producer), each branch's misses by cause and the final tree.
 Prints one digest per config group and the overall digest. A figure, never asserted.
 
-    PYTHONPATH=src python benchmarks/decision_digest.py [--configs 400] [--handoff off]
+    PYTHONPATH=src python benchmarks/decision_digest.py [--configs 400] [--handoff off] [--ids free]
+
+`--ids free` hashes what the decisions are without which page or slot ids the pools handed out (a page
+table's length, not its ids; whether a state comes from a slot, not which): it compares two codes whose
+pools number their ids differently (stop 43 made `IdPool` hand out ascending runs, so every exact digest
+moved while no decision did).
 
 String hashing is fixed (PYTHONHASHSEED=0, re-executing itself) so two runs compare.
 """
@@ -93,15 +98,33 @@ def config(rng: random.Random, hybrid: bool, handoff: str) -> tuple[str, Schedul
     return group, SchedulerConfig(**kw)
 
 
-def digest_run(sched: Scheduler, executor, branches: list[Branch]) -> str:
+def _fragment(f, exact: bool) -> tuple:
+    if exact:
+        return (f.branch.uid, f.start, f.num_tokens, f.page_table, f.state_in, f.state_out,
+                f.samples, f.first, f.copies_before, f.copies_after, f.after)
+    return (f.branch.uid, f.start, f.num_tokens, len(f.page_table), f.state_in is None,
+            [n for n, _ in f.state_out], f.samples, f.first, len(f.copies_before), len(f.copies_after), f.after)
+
+
+def _node(n, exact: bool) -> tuple:
+    snap = n.snapshot
+    if exact:
+        return (n.namespace, n.key, n.pages, n.lock_ref, n.pending,
+                None if snap is None else (snap.slot, snap.depth, snap.published, snap.lock, snap.level),
+                sorted((t.depth, t.slot, t.tail_page, t.lock) for t in n.tails))
+    return (n.namespace, n.key, len(n.pages), n.lock_ref, n.pending,
+            None if snap is None else (snap.depth, snap.published, snap.lock, snap.level),
+            sorted((t.depth, t.tail_page is None, t.lock) for t in n.tails))
+
+
+def digest_run(sched: Scheduler, executor, branches: list[Branch], exact: bool = True) -> str:
     h = hashlib.sha256()
 
     def on_round(s: Scheduler, batch) -> None:
         s.check_integrity()
         h.update(repr((batch.round, batch.deferred, batch.stop_reason)).encode())
         for f in batch.fragments:
-            h.update(repr((f.branch.uid, f.start, f.num_tokens, f.page_table, f.state_in, f.state_out,
-                           f.samples, f.first, f.copies_before, f.copies_after, f.after)).encode())
+            h.update(repr(_fragment(f, exact)).encode())
 
     try:
         res = run_trace(sched, executor, branches, on_round=on_round)
@@ -125,10 +148,7 @@ def digest_run(sched: Scheduler, executor, branches: list[Branch]) -> str:
     h.update(repr((sched.preemptions, sched.blocked_total, sched.max_level, sched.exact_checkpoints,
                    round(res.makespan, 9))).encode())
     for n in sorted(sched.index._iter_nodes(), key=lambda n: (n.namespace, n.key)):
-        snap = n.snapshot
-        h.update(repr((n.namespace, n.key, n.pages, n.lock_ref, n.pending,
-                       None if snap is None else (snap.slot, snap.depth, snap.published, snap.lock, snap.level),
-                       sorted((t.depth, t.slot, t.tail_page, t.lock) for t in n.tails))).encode())
+        h.update(repr(_node(n, exact)).encode())
     return h.hexdigest()
 
 
@@ -137,6 +157,8 @@ def main() -> None:
     ap.add_argument("--configs", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--handoff", default="off", help="the configs' --handoff (off: today's decisions)")
+    ap.add_argument("--ids", choices=["exact", "free"], default="exact",
+                    help="exact: the page and slot ids too; free: the decisions without which ids (see above)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every config's digest")
     args = ap.parse_args()
     arms = list(ARMS.values())
@@ -153,7 +175,7 @@ def main() -> None:
         cost = CostModel(spec, GPUS["h100"], block_size=cfg.block_size)
         sched = Scheduler(cfg, arm, hybrid)
         try:
-            d = digest_run(sched, SimExecutor(cost, 64), trace(rng))
+            d = digest_run(sched, SimExecutor(cost, 64), trace(rng), args.ids == "exact")
         except Exception as e:
             raise SystemExit(f"config {i} ({arm.name}, {group}, {cfg}): {e}") from e
         groups[group].update(d.encode())
@@ -165,7 +187,8 @@ def main() -> None:
     print("exercised: " + ", ".join(f"{k} {v}" for k, v in COUNTS.items()))
     if STUCK:
         print(f"{len(STUCK)} configs stuck (run_trace: nothing schedulable)")
-    print(f"overall ({args.configs} configs, handoff {args.handoff}): {overall.hexdigest()}"
+    ids = "" if args.ids == "exact" else ", ids free"
+    print(f"overall ({args.configs} configs, handoff {args.handoff}{ids}): {overall.hexdigest()}"
           f"  [{time.perf_counter() - t0:.1f} s]")
 
 

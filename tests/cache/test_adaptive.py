@@ -101,3 +101,22 @@ def test_adaptive_is_named_and_observes():
     assert isinstance(pol, Adaptive) and pol.observes
     with pytest.raises(ValueError, match="adaptive:3"):
         get_eviction("adaptive:3")
+
+
+def test_water_level_of_a_shadow_is_the_deepest_that_frees_the_need():
+    """`duel._level` (sorted ends and starts merged) against its definition, level by level: the deepest L
+    at which cutting every chain to max(L, its start) frees at least `need` tokens, 0 when none does."""
+    from radixflow.cache.eviction.duel import _level
+
+    def freed(level, start, kept):
+        return sum(max(0, start[k] + kept[k] - max(level, start[k])) for k in start)
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        keys = list(range(rng.randint(0, 9)))
+        start = {k: rng.choice([0, 16, rng.randint(0, 120)]) for k in keys}
+        kept = {k: rng.choice([16, rng.randint(1, 150)]) for k in keys}
+        need = rng.randint(1, 700)
+        top = max((start[k] + kept[k] for k in keys), default=0)
+        want = next((lv for lv in range(top, 0, -1) if freed(lv, start, kept) >= need), 0)
+        assert _level(keys, start, kept, need) == want, (start, kept, need)

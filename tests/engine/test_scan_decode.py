@@ -3,7 +3,7 @@ allocating steps they replaced (kept here as the reference): logits and saved st
 decode rows only (the states updated in `init` itself), on one mixed with a prefill row and a
 decode row that captures nothing (the rows' copies and the capturing rows selected), and on a decode
 round whose rows each step their own slot in the pool (`BatchContext.states_in_place`: no copy out and
-back; one row also captures into a second slot)."""
+back; one row also captures into a second slot), the conv windows too (its decode path `_decode_conv`)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_decode_steps_in_place_match_the_allocating_steps(name, monkeypatch):
         cache = m.allocate_cache(40, BLOCK, 12)
         m([RowInput(prompt, 0, [0, 1, 2], None, [(40, 0)], [])], cache)
         got = [m(rows, cache) for rows in (decode_only, mixed, in_place)]
-        results[ref, m is model64] = [*got, *(t.clone() for t in cache.rec)]
+        results[ref, m is model64] = [*got, *(t.clone() for t in cache.rec), *(t.clone() for t in cache.conv)]
     # each tensor of the in-place steps within 4x the allocating steps' own fp32 error against a float64
     # run (floor: 16 fp32 ulps of the tensor), not a fixed tolerance one CPU's kernels happen to meet
     new, old, ref64 = results[False, False], results[True, False], results[True, True]

@@ -18,7 +18,12 @@ class ByteBudget:
 
 
 class IdPool:
-    """A free list over ids 0..capacity-1; the owner of an allocated id is tracked elsewhere."""
+    """A free list over ids 0..capacity-1; the owner of an allocated id is tracked elsewhere.
+
+    Ids come out in ascending runs: a fresh pool hands out 0, 1, 2, ... (one `allocate(n)` as well as n
+    `allocate_one`s), and ids freed together come back in the order they were freed. A prompt's KV pages
+    are then consecutive in the pool, so attention reads its context through a view of the pool, not a
+    gather per token (models/batch.py `context_runs`; descending ids made every page a run of its own)."""
 
     def __init__(self, capacity: int, name: str, unit_bytes: int = 0, budget: ByteBudget | None = None) -> None:
         if capacity < 0:
@@ -50,6 +55,7 @@ class IdPool:
         if self.budget is not None:
             self.budget.used += n * self.unit_bytes
         ids = self._free[-n:]
+        ids.reverse()                       # the free list's tail holds the lowest ids, last first
         del self._free[-n:]
         self._used.update(ids)
         return ids
@@ -63,7 +69,7 @@ class IdPool:
 
     def free(self, ids) -> None:
         used = self._used
-        for i in ids:
+        for i in reversed(ids if isinstance(ids, (list, tuple)) else list(ids)):   # come back in this order
             if i not in used:
                 raise AssertionError(f"{self.name} pool: double free of {i} (or never allocated)")
             used.discard(i)

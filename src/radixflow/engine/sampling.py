@@ -301,6 +301,9 @@ def top_logprobs(logp: torch.Tensor, k: int, token_ids: list[int] | None = None)
         return [(t, float(logp[t])) for t in token_ids]
     if k == 0:
         return []
+    if k == 1:   # the most likely alone: an argmax reads the row once (topk: ~2x its time at 248k tokens)
+        t = int(logp.argmax())
+        return [(t, float(logp[t]))]
     k = logp.shape[-1] if k < 0 else min(k, logp.shape[-1])
     vals, ids = torch.topk(logp, k)
     return list(zip(ids.tolist(), vals.tolist()))

@@ -184,7 +184,8 @@ class Shadow:
             level = _level(cold, start, kept, need)
             freed = 0
             for k in cold:
-                freed += self._cut(k, max(0, level - start[k]))
+                if start[k] + kept[k] > level:  # (a chain ending at or above the level keeps all it has)
+                    freed += self._cut(k, level - start[k])
             need -= freed
             if not freed:
                 return
@@ -212,16 +213,26 @@ def _second(item):
 def _level(keys, start: dict, kept: dict, need: int) -> int:
     """The deepest depth L such that cutting every trajectory of `keys` to max(L, its start) frees at
     least `need` tokens (0 when even that does not). One pass down the chains' ends and starts:
-    between two of them the tokens freed grow by the number of chains the level is inside."""
-    points = []
-    for k in keys:
-        s = start[k]
-        points.append((s + kept[k], 1))
-        points.append((s, -1))
-    points.sort(reverse=True)
-    freed = slope = 0
-    cur = points[0][0] if points else 0
-    for p, step in points:
+    between two of them the tokens freed grow by the number of chains the level is inside. (The ends
+    and the starts are sorted apart, as ints, and merged; at a tie an end comes first.)"""
+    starts = [start[k] for k in keys]
+    ends = [s + kept[k] for s, k in zip(starts, keys)]
+    if not ends:
+        return 0
+    ends.sort(reverse=True)
+    starts.sort(reverse=True)
+    n = len(ends)
+    freed = slope = i = j = 0
+    cur = ends[0]
+    while j < n:
+        if i < n and ends[i] >= starts[j]:
+            p = ends[i]
+            i += 1
+            step = 1
+        else:
+            p = starts[j]
+            j += 1
+            step = -1
         if p < cur:
             more = freed + slope * (cur - p)
             if more >= need:

@@ -14,6 +14,7 @@ from torch import nn
 
 from .batch import BatchContext
 from .cache import ModelCache
+from .chunk_plan import EXP_FLOOR
 from .layers import FusedLinears, RMSNorm, Rotary
 
 
@@ -87,18 +88,28 @@ def _decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     kr = k_pool[rest].to(q.dtype).permute(0, 2, 3, 1)                     # [G, Hkv, D, R]
     vr = v_pool[rest].to(q.dtype).transpose(1, 2)                         # [G, Hkv, R, D]
     s2 = torch.matmul(qg, kr).mul_(scale)                                 # [G, Hkv, rep, R]
-    if valid is not None:
-        s2.masked_fill_(~valid[:, None, None, :], float("-inf"))
-    o2, lse2 = _softmax_av(s2, vr)
+    pad = None if valid is None else ~valid[:, None, None, :]
+    if pad is not None:
+        s2.masked_fill_(pad, float("-inf"))
+    o2, lse2 = _softmax_av(s2, vr, pad)
     lse = torch.logaddexp(lse1, lse2)
     o = o1 * (lse1 - lse).exp_() + o2 * (lse2 - lse).exp_()
     out.index_copy_(0, tok, o.reshape(g, hkv * rep, d).to(out.dtype))
 
 
-def _softmax_av(s: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(s) @ v and the log-sum-exp of s over its last dim (s is overwritten)."""
+def _softmax_av(s: torch.Tensor, v: torch.Tensor, pad: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(s) @ v and the log-sum-exp of s over its last dim (s is overwritten; `pad`: entries that
+    are not part of it, exactly 0 in the softmax).
+
+    The exponents are floored at EXP_FLOOR before the exp, as the scans' are (chunk_plan.py): a score
+    more than 87 below the row's max (random-weight models reach -200 and beyond) or -inf takes torch's
+    scalar exp path, ~40x slower (one qwen3.5-0.8b decode step: 6 of these at ~0.1-0.8 ms each); its
+    weight exp(-87) = 1.6e-38 is lost in rounding beside the max's 1, as the true one was."""
     mx = s.amax(-1, keepdim=True)
-    p = s.sub_(mx).exp_()
+    p = s.sub_(mx).clamp_(min=EXP_FLOOR).exp_()
+    if pad is not None:
+        p.masked_fill_(pad, 0.0)
     total = p.sum(-1, keepdim=True)
     o = torch.matmul(p, v).div_(total)
     return o, total.log_().add_(mx)

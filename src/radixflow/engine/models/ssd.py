@@ -76,11 +76,18 @@ def _decode(args, init, level: Level, pool, out, groups: int) -> None:
     s.mul_(decay_exp(decay)[..., None, None])
     sg = s.view(r, groups, heads // groups, p, -1)
     sg.addcmul_(xdt.view(r, groups, heads // groups, p)[..., None], b[:, :, None, None, :])
-    out[idx] = torch.matmul(sg, c[:, :, None, :, None]).view(r, heads, p)
+    out[idx] = _read(sg, c[:, :, None, None, :]).view(r, heads, p)
     save_states(pool, level.decode_captures[1], level.decode_saved(s))
     if level.decode_hands is not None:  # a dependent's initial state: read when its level runs
         local, deps = level.decode_hands
         init.index_copy_(0, deps, s[local])
+
+
+def _read(s: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """y = S C per head, as a product and a sum over the state dim: each head's [P, S] times an S-vector is
+    a GEMV that torch's batched matmul runs at a quarter of this speed (40 heads of 80 x 128 at one row:
+    155 against 39 us, and closer to float64)."""
+    return torch.sum(s * c, -1)
 
 
 def _decode_in_place(args, slots: list[tuple[int, list[int]]], pool, out, groups: int) -> None:
@@ -96,7 +103,7 @@ def _decode_in_place(args, slots: list[tuple[int, list[int]]], pool, out, groups
         s.mul_(dec[i])
         sg = s.view(groups, heads // groups, p, -1)
         sg.addcmul_(xg[i], b[i, :, None, None, :])
-        torch.matmul(sg, c[i, :, None, :, None], out=out[i].view(groups, heads // groups, p, 1))
+        out[i] = _read(sg, c[i, :, None, None, :]).view(heads, p)
         for e in extra:
             pool[e].copy_(s)
 

@@ -320,9 +320,10 @@ class RadixflowFullComponent(TreeEdits, FullComponent):
                 need = self._request - done
                 if need <= 0:
                     return None
-                if len(self._depths) > 4 * self.arena_size() + 64:
+                limit = 4 * self.arena_size() + 64
+                if len(self._depths) > limit:
                     self._depths.clear()  # nodes SGLang deleted on its own paths
-                if len(self._values) > 4 * self.arena_size() + 64:
+                if len(self._values) > limit:
                     self._values.clear()
                 view = self._view = self._kept_view()
                 size = self.tree_core.full_evictable_size()

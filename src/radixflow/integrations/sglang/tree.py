@@ -299,7 +299,8 @@ class TreeEdits:
                 if c.lock_ref > 0:
                     break
             else:
-                start = depth - len(node.key)
+                key = node.key   # a plain key's length without RadixKey.__len__'s two Python calls
+                start = depth - (len(key.token_ids) if not key.is_bigram and key.limit is None else len(key))
                 self.victims += 1
                 if start < target:  # the last victim: shortened in place
                     self._trim(node, target, tracker, device_frees[FULL])
