@@ -42,14 +42,16 @@ class RoundRobinTail:
         """Yields the victims of `cuts` until `need` is freed (sent back per victim)."""
         yield from cut_victims(view, self.cuts(view, need, chunk_pages))
 
-    def cuts(self, view: TreeView, need: int, chunk_pages: int | None = None) -> Cuts:
+    def cuts(self, view: TreeView, need: int, chunk_pages: int | None = None, cut=None) -> Cuts:
         """The rotation's cuts until `need` is freed: each idle trajectory in turn, from just after
         the one cut last, loses its last `chunk_pages` pages (`chunk_pages`: this call's chunk where
-        it differs from the policy's, the SGLang backends' batched calls)."""
+        it differs from the policy's, the SGLang backends' batched calls). `cut(leaf, target) -> freed`:
+        each cut made by that call instead of yielded (a tree that removes a whole cut at once: the
+        same cuts without a generator switch each; the generator then ends at its first `next`)."""
         span = (self.chunk_pages if chunk_pages is None else chunk_pages) * view.unit
         changes = view.changes()
         if changes is not None:
-            rot = self.kept_rotation()
+            rot = self._rotation if self._rotation is not None else self.kept_rotation()
             rot.enter(view, changes, self._page_cursor)
         freed = 0
         while freed < need:
@@ -63,7 +65,8 @@ class RoundRobinTail:
                         continue
                     self._page_cursor = key  # before the cut: a driver may stop the walk inside it
                     d = view.depth(leaf)
-                    got = yield leaf, d - span if d > span else 0
+                    target = d - span if d > span else 0
+                    got = cut(leaf, target) if cut is not None else (yield leaf, target)
                     progressed |= got > 0
                     freed += got
                     if freed >= need:
@@ -141,12 +144,12 @@ class LevelTail(RoundRobinTail):
 
     _deepest: DeepestFirst | None = field(default=None, repr=False)  # views with a change feed only
 
-    def cuts(self, view: TreeView, need: int, chunk_pages: int | None = None) -> Cuts:
+    def cuts(self, view: TreeView, need: int, chunk_pages: int | None = None, cut=None) -> Cuts:
         """The deepest idle trajectory (then the largest key, then the first in leaf order) loses
-        its last chunk, again until `need` is freed."""
+        its last chunk, again until `need` is freed (`cut`: as `RoundRobinTail.cuts`)."""
         span = (self.chunk_pages if chunk_pages is None else chunk_pages) * view.unit
         changes = view.changes()
-        order = self.kept_deepest() if changes is not None else None
+        order = None if changes is None else self._deepest if self._deepest is not None else self.kept_deepest()
         freed = 0
         while freed < need:
             if order is not None:
@@ -158,7 +161,8 @@ class LevelTail(RoundRobinTail):
             if pick is None:
                 break
             d = view.depth(pick)
-            got = yield pick, d - span if d > span else 0
+            target = d - span if d > span else 0
+            got = cut(pick, target) if cut is not None else (yield pick, target)
             if not got:
                 break
             freed += got

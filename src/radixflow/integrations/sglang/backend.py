@@ -41,6 +41,8 @@ The RADIXFLOW_SGLANG_* settings are read once per cache (settings.py).
 
 from __future__ import annotations
 
+import itertools
+
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 
 from radixflow.cache.eviction import FlopAware, RoundRobinTail
@@ -83,7 +85,8 @@ class RadixflowFullComponent(TreeEdits, FullComponent):
         self._values: dict[int, tuple] = {}  # flop-aware's leaf values (SGLangTreeView.value_memo)
         self._keys: dict[int, tuple] = {}  # trajectory keys by leaf id (SGLangTreeView.trajectory_key)
         self._clock = 0  # one tick per access (a lock, an insert): our index's `now`, as a counter
-        self._leaf_seq = 0
+        # the leaf-order stamp: 1, 2, 3, ... (a C-level counter: stamped on every trim and new leaf)
+        self.next_leaf_seq = itertools.count(1).__next__
         self.victims = 0  # leaves handed to the cache (tests read it)
         self._changed: dict = {}  # leaves to re-order (see SGLangTreeView.changes)
         self._view = None
@@ -128,10 +131,6 @@ class RadixflowFullComponent(TreeEdits, FullComponent):
         return node.component_data[FULL].metadata.get(LEAF, 1 << 62), node.id
 
     # --------------------------------------------------------------- recency, leaf order
-    def next_leaf_seq(self) -> int:
-        self._leaf_seq += 1
-        return self._leaf_seq
-
     def _stamp_path(self, node) -> None:
         """Our `touch(node, now)`: the whole path to the root gets this access's tick."""
         self._clock += 1
@@ -380,16 +379,13 @@ class RadixflowFullComponent(TreeEdits, FullComponent):
 
     def _tail_call(self, view, pol, need: int, pages: int, tracker, device_frees, host_frees, cache_actions) -> None:
         """A batched rr-tail / level-tail call on a tree that `trims`: the policy's cuts
-        (`pol.cuts(view, need, pages)`), each removed whole as it is chosen (`_cut_tail`)."""
-        cuts = pol.cuts(view, need, pages)
-        try:
-            cut = next(cuts)
-            while True:
-                cut = cuts.send(self._cut_tail(view, *cut, tracker, device_frees, host_frees, cache_actions))
-        except StopIteration:
-            pass
-        finally:
-            cuts.close()
+        (`pol.cuts(view, need, pages)`), each removed whole as it is chosen (`_cut_tail`, called by
+        the policy's loop itself: no generator switch a cut)."""
+        def cut(leaf, target: int) -> int:
+            return self._cut_tail(view, leaf, target, tracker, device_frees, host_frees, cache_actions)
+
+        for _ in pol.cuts(view, need, pages, cut):   # runs to its end at the first `next`
+            raise AssertionError("cuts yielded a cut while given `cut`")
 
     def _evict_device_end(self) -> None:
         if self._walk is not None:
