@@ -204,6 +204,7 @@ class DeepestFirst(LazyHeap):
     evictable leaves, for a view that reports which leaves changed (a cut leaf's depth, a new leaf, a
     moved key). `deepest` is `max` by depth, then by key, the first in leaf order among equals."""
 
+    __slots__ = ()
 
     def enter(self, view: TreeView, leaves) -> None:
         entry = self.entry
@@ -316,6 +317,8 @@ class RecencyHeap(LazyHeap):
     priority only grows (SGLang's access counter), so an entry's is at most its leaf's now: one popped
     with an old priority goes back with the new one, and the first popped whose priority is its
     leaf's now is the least recent leaf, as a heap of every leaf built afresh gives it."""
+
+    __slots__ = ()
 
 
     def enter(self, leaf, priority) -> None:

@@ -303,7 +303,7 @@ class TreeEdits:
                 start = depth - (len(key.token_ids) if not key.is_bigram and key.limit is None else len(key))
                 self.victims += 1
                 if start < target:  # the last victim: shortened in place
-                    self._trim(node, target, tracker, device_frees[FULL])
+                    self._trim(node, target, tracker, device_frees[FULL], depth)
                     break
                 parent = node.parent
                 depths.pop(node.id, None)
@@ -370,16 +370,17 @@ class TreeEdits:
         if parent is not core.root_node and not parent.children and parent.component_data[FULL].value is None:
             core._iteratively_delete_tombstone_leaf(node, tracker, device_frees, host_frees, cache_actions)
 
-    def _trim(self, node, depth: int, tracker, frees) -> None:
+    def _trim(self, node, depth: int, tracker, frees, end: int | None = None) -> None:
         """Shortens leaf `node` in place to end at `depth` tokens: the suffix's slots go to SGLang's
         frees (drained after this step), the key and value keep the prefix, the evictable ledger
         loses what was freed. What `_split_node` and the deletion of the suffix would leave (the
         node keeps its id, recency and leaf order), with neither a new node nor a leaf-set pass."""
         key = node.key
         plain = not key.is_bigram and key.limit is None  # SGLang's slice, without its Python dispatch
-        end = self._depths.get(node.id)  # (the cut read it: memoised)
-        if end is None:
-            end = self._kept_view().depth(node)
+        if end is None:  # the node's depth (its end), when the caller has not read it
+            end = self._depths.get(node.id)  # (the cut read it: memoised)
+            if end is None:
+                end = self._kept_view().depth(node)
         keep = depth - end + (len(key.token_ids) if plain else len(key))
         cd = node.component_data[FULL]
         value = cd.value
