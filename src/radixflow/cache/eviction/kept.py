@@ -320,7 +320,6 @@ class RecencyHeap(LazyHeap):
 
     __slots__ = ()
 
-
     def enter(self, leaf, priority) -> None:
         e = self.entry[leaf] = (priority, leaf)
         heapq.heappush(self.heap, e)

@@ -51,7 +51,7 @@ class RoundRobinTail:
         span = (self.chunk_pages if chunk_pages is None else chunk_pages) * view.unit
         changes = view.changes()
         if changes is not None:
-            rot = self._rotation if self._rotation is not None else self.kept_rotation()
+            rot = self.kept_rotation()
             rot.enter(view, changes, self._page_cursor)
         freed = 0
         while freed < need:
@@ -149,7 +149,7 @@ class LevelTail(RoundRobinTail):
         its last chunk, again until `need` is freed (`cut`: as `RoundRobinTail.cuts`)."""
         span = (self.chunk_pages if chunk_pages is None else chunk_pages) * view.unit
         changes = view.changes()
-        order = None if changes is None else self._deepest if self._deepest is not None else self.kept_deepest()
+        order = self.kept_deepest() if changes is not None else None
         freed = 0
         while freed < need:
             if order is not None:
