@@ -1,8 +1,16 @@
 """`radixflow serve` at its defaults beside llama.cpp's own HTTP server (`llama-server`), end to end over HTTP.
 
-Both servers are started by this script, one at a time, on the same weights: the `random:` model's HF
-directory for ours, its F32 GGUF for llama-server (benchmarks/llamacpp_convert.py, converted once and
-cached next to the model directory). One client sends token-id prompts; each server runs on 2 threads.
+Both servers are started by this script on the same weights: the `random:` model's HF directory for ours,
+its F32 GGUF for llama-server (benchmarks/llamacpp_convert.py, converted once and cached next to the model
+directory). One client sends token-id prompts, one request at a time; each server runs on 2 threads.
+
+By default (`--order interleaved`) the two are measured side by side: ours is started once per model and
+left up, llama-server is started with each workload's settings beside it, and the workload's items go to
+the two in turn, one by one (item i to ours then llama-server for even i, the other way for odd i). Only
+one server is ever answering; the other is idle (ours finishes its lazy warm-up first, see `wait_warm`).
+A server's time on a workload is then the sum of its items' latencies. These machines' memory rate moves
+by a third from minute to minute, so one server after the other (`--order sequential`, the form of the
+runs before stop 44) measures the minute as much as the server.
 
     python benchmarks/serve_peers.py --json out.json                  # both models, both servers
     python benchmarks/serve_peers.py --models random:qwen3.5-0.8b --scale 0.5
@@ -401,39 +409,71 @@ class LlamaClient(Client):
 
 
 # ============================================================================ running the workloads
-def run_scoring(client: Client, questions: list[Question]) -> tuple[dict, list[Item]]:
+def interleave(clients: list[Client], n: int, call) -> list[list[Item]]:
+    """Item i of every client, item by item: `call(client, i)` for i < n, each item's clients in turn,
+    the first of them alternating (0, 1, ... for even i, reversed for odd), so a drift in the machine's
+    speed (these machines' memory rate moves minute to minute) falls on both servers alike."""
+    out: list[list[Item]] = [[] for _ in clients]
+    for i in range(n):
+        order = range(len(clients)) if i % 2 == 0 else reversed(range(len(clients)))
+        for c in order:
+            out[c].append(call(clients[c], i))
+    return out
+
+
+def _summaries(per_client: list[list[Item]], wall: float) -> list[tuple[dict, list[Item]]]:
+    """One client: its wall time; several (interleaved): each one's own time, the sum of its items' latencies."""
+    if len(per_client) == 1:
+        return [(summarise(per_client[0], wall), per_client[0])]
+    return [(summarise(items, sum(i.latency for i in items)), items) for items in per_client]
+
+
+def run_scorings(clients: list[Client], questions: list[Question]) -> list[tuple[dict, list[Item]]]:
     t0 = time.perf_counter()
-    items = [client.score(q, f"d{q.doc}/q{i}") for i, q in enumerate(questions)]
-    return summarise(items, time.perf_counter() - t0), items
+    per = interleave(clients, len(questions), lambda c, i: c.score(questions[i], f"d{questions[i].doc}/q{i}"))
+    return _summaries(per, time.perf_counter() - t0)
+
+
+def run_scoring(client: Client, questions: list[Question]) -> tuple[dict, list[Item]]:
+    return run_scorings([client], questions)[0]
+
+
+def run_agentics(clients: list[Client], sessions: list[Session], sizes: Sizes) -> list[tuple[dict, list[Item]]]:
+    """Turn t of every session, then turn t + 1: each history grows by its own reply and a tool output
+    (each client keeps its own histories: a session's replies come from the server that answered it)."""
+    order = [(t, k) for t in range(sizes.turns) for k in range(len(sessions))]
+    histories = {id(c): [list(s.first) for s in sessions] for c in clients}
+
+    def turn(client: Client, i: int) -> Item:
+        t, k = order[i]
+        h = histories[id(client)][k]
+        item = client.stream(tuple(h), sizes.reply_tokens, key=f"s{k}/t{t}")
+        if t + 1 < sizes.turns:
+            h += [r.token for r in item.rows] + list(sessions[k].tools[t])
+        return item
+
+    t0 = time.perf_counter()
+    per = interleave(clients, len(order), turn)
+    return _summaries(per, time.perf_counter() - t0)
 
 
 def run_agentic(client: Client, sessions: list[Session], sizes: Sizes) -> tuple[dict, list[Item]]:
-    """Turn t of every session, then turn t + 1: each history grows by its own reply and a tool output."""
-    histories = [list(s.first) for s in sessions]
-    items = []
-    t0 = time.perf_counter()
-    for t in range(sizes.turns):
-        for k, s in enumerate(sessions):
-            item = client.stream(tuple(histories[k]), sizes.reply_tokens, key=f"s{k}/t{t}")
-            items.append(item)
-            if t + 1 < sizes.turns:
-                histories[k] += [r.token for r in item.rows] + list(s.tools[t])
-    return summarise(items, time.perf_counter() - t0), items
+    return run_agentics([client], sessions, sizes)[0]
 
 
-def run_decode(client: Client, sizes: Sizes, seed: int) -> dict:
-    """Aggregate decode tokens/s of `n` concurrent streams, for each n of the probe."""
-    def one(results: list, prompts: list[tuple[int, ...]], k: int) -> None:
+def run_decodes(clients: list[Client], sizes: Sizes, seed: int) -> list[dict]:
+    """Aggregate decode tokens/s of `n` concurrent streams, for each n of the probe; with several clients,
+    each n on every client in turn (the first alternating with n), before the next n."""
+    def one(client: Client, results: list, prompts: list[tuple[int, ...]], k: int) -> None:
         try:
             results[k] = client.stream(prompts[k], sizes.probe_tokens, key=f"probe{len(prompts)}/{k}")
         except BaseException as e:  # noqa: BLE001 - reported below
             results[k] = e
 
-    out = {}
-    for n in sizes.probe_streams:
+    def probe(client: Client, n: int) -> dict:
         prompts = probe_prompts(sizes, seed, n)
         results: list[Item | BaseException] = [None] * n  # type: ignore[list-item]
-        threads = [threading.Thread(target=one, args=(results, prompts, k)) for k in range(n)]
+        threads = [threading.Thread(target=one, args=(client, results, prompts, k)) for k in range(n)]
         for th in threads:
             th.start()
         for th in threads:
@@ -443,8 +483,33 @@ def run_decode(client: Client, sizes: Sizes, seed: int) -> dict:
             raise RuntimeError(f"{client.name}: decode probe with {n} streams: {errors[0]}")
         span = max(r.last_at for r in results) - min(r.first_at for r in results)  # type: ignore[union-attr]
         toks = sum(len(r.rows) - 1 for r in results)  # type: ignore[union-attr]
-        out[str(n)] = {"streams": n, "tokens": toks, "span_s": span, "tok_s": toks / span if span > 0 else math.nan}
-    return out
+        return {"streams": n, "tokens": toks, "span_s": span, "tok_s": toks / span if span > 0 else math.nan}
+
+    streams = list(sizes.probe_streams)
+    per = interleave(clients, len(streams), lambda c, i: probe(c, streams[i]))
+    return [{str(d["streams"]): d for d in probes} for probes in per]
+
+
+def run_decode(client: Client, sizes: Sizes, seed: int) -> dict:
+    return run_decodes([client], sizes, seed)[0]
+
+
+def wait_warm(base: str, timeout: float) -> float | None:
+    """Seconds until our server's lazy warm-up (first forward, probes) is done, by its
+    `radixflow_warmup_pending` gauge; None if it has no such gauge. The warm-up runs in the server's quiet
+    gaps: with the two servers up side by side it would otherwise run while llama-server answers."""
+    t0 = time.perf_counter()
+    while True:
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        line = next((x for x in text.splitlines() if x.startswith("radixflow_warmup_pending")), None)
+        if line is None:
+            return None
+        if float(line.split()[-1]) == 0:
+            return time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout:
+            raise RuntimeError(f"radixflow's warm-up was not done within {timeout:.0f} s")
+        time.sleep(1.0)
 
 
 # ============================================================================ servers
@@ -592,6 +657,112 @@ def load() -> str:
 
 
 # ============================================================================ one model
+def _llama_plan(args) -> list[tuple[str, str]]:
+    """(llama-server setting, workload) in the order run."""
+    return [("scoring-parallel" if args.llama_scoring == "parallel" else "scoring", "scoring"),
+            ("agentic", "agentic")] + ([] if args.no_decode else [("decode", "decode")])
+
+
+def _ours(model: str, args, logdir: Path):
+    name = model.replace(":", "-")
+    return Server(radixflow_cmd(model, free_port()), logdir / f"{name}-radixflow.log", radixflow_env(),
+                  args.startup_timeout)
+
+
+def _llama(model: str, args, sizes: Sizes, gguf: Path, setting: str, logdir: Path) -> tuple[Server, str]:
+    name = model.replace(":", "-")
+    cmd = llama_cmd(args.llama_server, gguf, free_port(), setting, sizes, args.llama_scoring_ubatch)
+    return (Server(cmd, logdir / f"{name}-llama-{setting}.log", None, args.startup_timeout),
+            " ".join(cmd[cmd.index("--no-webui") + 1:]))
+
+
+def _run(workload: str, clients: list[Client], questions, sessions, sizes: Sizes, seed: int) -> list:
+    if workload == "scoring":
+        return run_scorings(clients, questions)
+    if workload == "agentic":
+        return run_agentics(clients, sessions, sizes)
+    return run_decodes(clients, sizes, seed)
+
+
+def _side_by_side(model, args, sizes, gguf, questions, sessions, logdir, out, say):
+    """Both servers up at once, every workload's items interleaved one by one (`interleave`): ours for the
+    whole model, llama-server restarted with each workload's settings. Ours finishes its lazy warm-up first
+    (`wait_warm`: it would run in ours' quiet gaps, i.e. while llama-server answers)."""
+    ours: dict = {}
+    theirs: dict = {"startups_s": {}, "settings": {}}
+    items: dict[str, dict[str, list[Item]]] = {"radixflow": {}, "llama-server": {}}
+    out["loads"]["radixflow_before"] = load()
+    say(f"   radixflow serve ({load()}) ...", flush=True)
+    with _ours(model, args, logdir) as srv:
+        ours.update(startup_s=srv.startup_s, command=" ".join(srv.cmd[1:]))
+        say(f"   radixflow: /health 200 after {srv.startup_s:.1f} s", flush=True)
+        warm = wait_warm(srv.base, args.startup_timeout)
+        ours["warmup_wait_s"] = warm
+        if warm is not None:
+            say(f"   radixflow: warm-up done {warm:.1f} s later", flush=True)
+        mine = RadixflowClient(srv.base, model, args.request_timeout)
+        for setting, workload in _llama_plan(args):
+            lsrv, settings = _llama(model, args, sizes, gguf, setting, logdir)
+            theirs["settings"][workload] = settings
+            with lsrv:
+                theirs["startups_s"][workload] = lsrv.startup_s
+                say(f"   llama-server [{settings}]: /health 200 after {lsrv.startup_s:.1f} s", flush=True)
+                other = LlamaClient(lsrv.base, model, args.request_timeout, args.llama_scoring)
+                a, b = _run(workload, [mine, other], questions, sessions, sizes, args.seed)
+            if workload == "decode":
+                ours["decode"], theirs["decode"] = a, b
+            else:
+                ours[workload], items["radixflow"][workload] = a
+                theirs[workload], items["llama-server"][workload] = b
+                say(f"   {workload}, item by item: radixflow {ours[workload]['wall_s']:.1f} s, llama-server "
+                    f"{theirs[workload]['wall_s']:.1f} s ({load()})", flush=True)
+    theirs["startup_s"] = theirs["startups_s"]["scoring"]
+    out["loads"]["llama_after"] = load()
+    return {"radixflow": ours, "llama-server": theirs}, items
+
+
+def _one_at_a_time(model, args, sizes, gguf, questions, sessions, logdir, out, say):
+    """Each server alone: ours runs every workload, then llama-server (`--order sequential`, or `--only`)."""
+    results: dict[str, dict] = {}
+    items: dict[str, dict[str, list[Item]]] = {}
+    if args.only != "llama":
+        out["loads"]["radixflow_before"] = load()
+        say(f"   radixflow serve ({load()}) ...", flush=True)
+        with _ours(model, args, logdir) as srv:
+            c = RadixflowClient(srv.base, model, args.request_timeout)
+            r: dict = {"startup_s": srv.startup_s, "command": " ".join(srv.cmd[1:])}
+            say(f"   radixflow: /health 200 after {srv.startup_s:.1f} s", flush=True)
+            (r["scoring"], s_items), = _run("scoring", [c], questions, sessions, sizes, args.seed)
+            say(f"   radixflow scoring: {r['scoring']['wall_s']:.1f} s ({load()})", flush=True)
+            (r["agentic"], a_items), = _run("agentic", [c], questions, sessions, sizes, args.seed)
+            say(f"   radixflow agentic: {r['agentic']['wall_s']:.1f} s ({load()})", flush=True)
+            if not args.no_decode:
+                r["decode"], = _run("decode", [c], questions, sessions, sizes, args.seed)
+        results["radixflow"], items["radixflow"] = r, {"scoring": s_items, "agentic": a_items}
+        out["loads"]["radixflow_after"] = load()
+    if args.only != "radixflow":
+        r = {"startups_s": {}, "settings": {}}
+        li: dict[str, list[Item]] = {}
+        out["loads"]["llama_before"] = load()
+        for setting, workload in _llama_plan(args):
+            lsrv, settings = _llama(model, args, sizes, gguf, setting, logdir)
+            r["settings"][workload] = settings
+            with lsrv:
+                c = LlamaClient(lsrv.base, model, args.request_timeout, args.llama_scoring)
+                r["startups_s"][workload] = lsrv.startup_s
+                say(f"   llama-server [{settings}]: /health 200 after {lsrv.startup_s:.1f} s", flush=True)
+                res, = _run(workload, [c], questions, sessions, sizes, args.seed)
+                if workload == "decode":
+                    r["decode"] = res
+                else:
+                    r[workload], li[workload] = res
+                    say(f"   llama-server {workload}: {r[workload]['wall_s']:.1f} s ({load()})", flush=True)
+        r["startup_s"] = r["startups_s"]["scoring"]
+        results["llama-server"], items["llama-server"] = r, li
+        out["loads"]["llama_after"] = load()
+    return results, items
+
+
 def bench_model(model: str, args, sizes: Sizes, logdir: Path) -> dict:
     say = print
     questions, sessions = scoring_workload(sizes, args.seed), agentic_workload(sizes, args.seed)
@@ -604,51 +775,10 @@ def bench_model(model: str, args, sizes: Sizes, logdir: Path) -> dict:
         t = time.perf_counter()
         gguf = gguf_of(path)
         say(f"   GGUF {gguf} ({time.perf_counter() - t:.0f} s)")
-    results: dict[str, dict] = {}
-    items: dict[str, dict[str, list[Item]]] = {}
-    name = model.replace(":", "-")
-    if args.only != "llama":
-        port = free_port()
-        out["loads"]["radixflow_before"] = load()
-        say(f"   radixflow serve ({load()}) ...", flush=True)
-        with Server(radixflow_cmd(model, port), logdir / f"{name}-radixflow.log", radixflow_env(),
-                    args.startup_timeout) as srv:
-            c = RadixflowClient(srv.base, model, args.request_timeout)
-            r: dict = {"startup_s": srv.startup_s, "command": " ".join(srv.cmd[1:])}
-            say(f"   radixflow: /health 200 after {srv.startup_s:.1f} s", flush=True)
-            r["scoring"], s_items = run_scoring(c, questions)
-            say(f"   radixflow scoring: {r['scoring']['wall_s']:.1f} s ({load()})", flush=True)
-            r["agentic"], a_items = run_agentic(c, sessions, sizes)
-            say(f"   radixflow agentic: {r['agentic']['wall_s']:.1f} s ({load()})", flush=True)
-            if not args.no_decode:
-                r["decode"] = run_decode(c, sizes, args.seed)
-        results["radixflow"], items["radixflow"] = r, {"scoring": s_items, "agentic": a_items}
-        out["loads"]["radixflow_after"] = load()
-    if args.only != "radixflow":
-        r = {"startups_s": {}, "settings": {}}
-        li: dict[str, list[Item]] = {}
-        plan = [("scoring-parallel" if args.llama_scoring == "parallel" else "scoring", "scoring"),
-                ("agentic", "agentic")] + ([] if args.no_decode else [("decode", "decode")])
-        out["loads"]["llama_before"] = load()
-        for setting, workload in plan:
-            port = free_port()
-            cmd = llama_cmd(args.llama_server, gguf, port, setting, sizes, args.llama_scoring_ubatch)
-            r["settings"][workload] = " ".join(cmd[cmd.index("--no-webui") + 1:])
-            with Server(cmd, logdir / f"{name}-llama-{setting}.log", None, args.startup_timeout) as srv:
-                c = LlamaClient(srv.base, model, args.request_timeout, args.llama_scoring)
-                r["startups_s"][workload] = srv.startup_s
-                say(f"   llama-server [{r['settings'][workload]}]: /health 200 after {srv.startup_s:.1f} s", flush=True)
-                if workload == "scoring":
-                    r["scoring"], li["scoring"] = run_scoring(c, questions)
-                elif workload == "agentic":
-                    r["agentic"], li["agentic"] = run_agentic(c, sessions, sizes)
-                else:
-                    r["decode"] = run_decode(c, sizes, args.seed)
-                if workload != "decode":
-                    say(f"   llama-server {workload}: {r[workload]['wall_s']:.1f} s ({load()})", flush=True)
-        r["startup_s"] = r["startups_s"]["scoring"]
-        results["llama-server"], items["llama-server"] = r, li
-        out["loads"]["llama_after"] = load()
+    side_by_side = args.only == "both" and args.order == "interleaved"
+    out["order"] = "interleaved" if side_by_side else "sequential"
+    run = _side_by_side if side_by_side else _one_at_a_time
+    results, items = run(model, args, sizes, gguf, questions, sessions, logdir, out, say)
     out["servers"] = results
     if "radixflow" in results and "llama-server" in results:
         top1 = {"scoring": compare_scoring(items["radixflow"]["scoring"], items["llama-server"]["scoring"]),
@@ -726,6 +856,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="llama-server's form of the scoring workload (see the module doc)")
     p.add_argument("--llama-scoring-ubatch", type=int, default=64,
                    help="llama-server's -ub on the scoring workload (see LLAMA_SETTINGS)")
+    p.add_argument("--order", choices=("interleaved", "sequential"), default="interleaved",
+                   help="interleaved: both servers up, each workload's items alternate between them one by one "
+                        "(a machine's drift falls on both); sequential: one server after the other")
     p.add_argument("--no-decode", action="store_true", help="skip the decode probe")
     p.add_argument("--request-timeout", type=float, default=1800.0)
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for /health 200")

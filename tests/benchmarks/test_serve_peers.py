@@ -201,3 +201,31 @@ def test_a_server_that_exits_or_never_answers_is_reported_and_stopped(tmp_path):
         with silent:
             pass
     assert silent.proc.poll() is not None   # stopped, not left running
+
+
+def test_interleaved_runs_alternate_the_servers_item_by_item():
+    """Side by side (the default order): item i goes to both clients, the first of them alternating, each
+    keeps its own agentic histories, and a client's time is the sum of its items' latencies."""
+    calls = []
+
+    class Fake(sp.Client):
+        def __init__(self, name: str, latency: float, reply: int):
+            super().__init__("http://x", "m", 1.0)
+            self.name, self.latency, self.reply = name, latency, reply
+
+        def stream(self, prompt, n, key=""):
+            calls.append((self.name, key, len(prompt)))
+            return sp.Item(key, self.latency / 2, self.latency, len(prompt), 1, len(prompt) - 1,
+                           [sp.Row(self.reply)] * n)
+
+    sizes = sp.Sizes().scaled(0.5, lengths=0.125)
+    sessions = sp.agentic_workload(sizes, 0)
+    a, b = Fake("a", 0.5, 7), Fake("b", 2.0, 9)
+    (sa, ia), (sb, ib) = sp.run_agentics([a, b], sessions, sizes)
+    n = len(sessions) * sizes.turns
+    assert [c[0] for c in calls] == ["a", "b", "b", "a"] * (n // 2)
+    assert [c[1] for c in calls[::2]] == [i.key for i in ia] == [i.key for i in ib]
+    assert sa["wall_s"] == 0.5 * n and sb["wall_s"] == 2.0 * n and sa["items_per_s"] == 4 * sb["items_per_s"]
+    # each history grows by its own server's reply: the same lengths here, its own tokens
+    assert [c[2] for c in calls if c[0] == "a"] == [c[2] for c in calls if c[0] == "b"]
+    assert all(r.token == 7 for i in ia for r in i.rows) and all(r.token == 9 for i in ib for r in i.rows)

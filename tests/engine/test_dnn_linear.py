@@ -97,6 +97,11 @@ def test_a_model_packs_every_projection_once_and_its_logits_stay_within_fp32_err
     assert (got.double() - ref64).abs().max().item() <= _bound(base, ref64)
     # a copy packs its own weights (the copy's, not the original's)
     twin = copy.deepcopy(model)
+    # ... and stays fused: its Linears are views of its own fused weight, which it runs as one matmul
+    twins = [f for m in twin.modules() if isinstance(f := m.__dict__.get("fused"), FusedLinears)]
+    assert len(twins) == len(fused) and all(f._current() for f in twins)
+    assert all(f.linears[0].weight.data_ptr() == f.weight.data_ptr() != g.weight.data_ptr()
+               for f, g in zip(twins, fused))
     if ON:
         head = next(m for m in twin.modules() if "_packed" in m.__dict__)
         assert head.__dict__["_packed"].dense is head.weight

@@ -144,13 +144,27 @@ def test_decode_rows_sharing_a_prefix_read_it_once_with_the_per_row_logits():
     model64 = copy.deepcopy(model).double()
     rows64, cache64 = _decode_group_rows(model64)
     out = {}
-    for grouped in (True, False):
-        attention.DECODE_GROUPS = grouped
+    lone = []   # the group of one (row 5: its context one run of slots) goes through `_decode_run`
+    run = attention._decode_run
+    attention._decode_run = lambda q, k, v, t, r, o, s: (lone.append((t, r)), run(q, k, v, t, r, o, s))
+    try:
+        for grouped in (True, False):
+            attention.DECODE_GROUPS = grouped
+            try:
+                out[grouped] = model(rows, cache)
+                if not grouped:
+                    ref = model64(rows64, cache64)
+            finally:
+                attention.DECODE_GROUPS = True
+        attention.DECODE_RUN = False   # the lone row through `_decode_attention` too (shared part + rest)
         try:
-            out[grouped] = model(rows, cache)
-            if not grouped:
-                ref = model64(rows64, cache64)
+            out["split"] = model(rows, cache)
         finally:
-            attention.DECODE_GROUPS = True
+            attention.DECODE_RUN = True
+    finally:
+        attention._decode_run = run
+    n_attn = sum(isinstance(m, attention.SelfAttention) for m in model.modules())
+    assert lone == [(batch.offsets[5], (40 * BLOCK, 42 * BLOCK + 1))] * n_attn
     _within_own_fp32_error(out[True], out[False], ref)
+    _within_own_fp32_error(out["split"], out[False], ref)
     assert torch.equal(out[True].argmax(-1), out[False].argmax(-1))

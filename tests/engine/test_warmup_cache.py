@@ -95,3 +95,76 @@ def test_a_lazy_engine_serves_with_safe_defaults_then_installs_the_probes(tmp_pa
     assert eager.warmup.source == {"scan": "disk", "rounds": "disk"} and not eager.warming
     assert eager.executor.scan_costs == eng.executor.scan_costs
     assert eager.executor.calibration.handoff_costs() == cal.handoff_costs()  # what `auto` weighs
+
+
+class _Busy:
+    """A Disturbance whose machine reads as busy: other processes used `cores` cores during every step."""
+
+    def __init__(self, cores: float):
+        self.cores = cores
+
+    def __call__(self):
+        from radixflow.engine.calibration.probes import Disturbance
+
+        clock = [0.0]
+        busy = [0.0]
+
+        def tick() -> float:
+            clock[0] += 1.0
+            return clock[0]
+
+        def machine() -> float:  # the machine's busy seconds: ours (0) plus the others'
+            busy[0] += self.cores
+            return busy[0]
+        return Disturbance(busy=machine, own=lambda: 0.0, clock=tick)
+
+
+def test_a_probe_taken_beside_other_work_is_retried_then_used_but_not_kept(tmp_path):
+    from radixflow.engine.calibration import probes
+
+    store = ProbeStore(tmp_path)
+    model, path = _fresh()
+    w = WarmUp(model, path, 16, 64, True, store)
+    w.meter = _Busy(1.5)
+    w.run()
+    # every attempt disturbed: each probe was taken ATTEMPTS times, the engine has its costs, no file is kept
+    assert w.attempts == {"scan": probes.ATTEMPTS, "rounds": probes.ATTEMPTS}
+    assert w.done and w.scan is not None and w.cal.handoff_costs() is not None
+    assert set(w.disturbed) == {"scan", "rounds"} and all(v > probes.OTHERS_MAX for v in w.disturbed.values())
+    assert not list(tmp_path.glob("*.json")) and not w.saved
+    # a quiet machine: one attempt each, and both kept
+    model2, _ = _fresh()
+    q = WarmUp(model2, path, 16, 64, True, store)
+    q.meter = _Busy(0.0)
+    q.run()
+    assert q.attempts == {"scan": 1, "rounds": 1} and not q.disturbed and len(list(tmp_path.glob("*.json"))) == 2
+    # no store: nothing would outlive the engine, so a disturbed probe is taken once
+    model3, _ = _fresh()
+    n = WarmUp(model3, path, 16, 64, True, None)
+    n.meter = _Busy(1.5)
+    n.run()
+    assert n.attempts == {"scan": 1, "rounds": 1} and set(n.disturbed) == {"scan", "rounds"}
+
+
+def test_disturbance_counts_only_other_processes_during_the_steps():
+    from radixflow.engine.calibration.probes import Disturbance, exhaust
+
+    t = {"wall": 0.0, "busy": 0.0, "own": 0.0}
+
+    def steps():
+        for _ in range(4):
+            t["wall"] += 2.0
+            t["own"] += 3.0        # this process: 1.5 cores (its threads), not counted
+            t["busy"] += 3.0 + 1.0  # the machine: ours plus 0.5 cores of someone else's
+            yield
+        return "costs"
+
+    d = Disturbance(busy=lambda: t["busy"], own=lambda: t["own"], clock=lambda: t["wall"])
+    gen = d.metered(steps())
+    assert next(gen) is None
+    t["wall"] += 100.0   # between two steps (a lazy server answering requests): not counted
+    t["busy"] += 150.0
+    assert exhaust(gen) == "costs"
+    assert d.wall == 8.0 and d.others == 0.5 and not d.quiet
+    unreadable = Disturbance(busy=lambda: None, own=lambda: 0.0, clock=lambda: t["wall"])
+    assert exhaust(unreadable.metered(steps())) == "costs" and unreadable.others is None and unreadable.quiet

@@ -253,9 +253,13 @@ class EngineLoop:
             log.info("start-up: %-44s %6.2f s", name, secs)
         for k in eng.warmup.source if eng.warmup is not None else ():
             if k not in before:
-                saved = eng.warmup.saved.get(k)
-                log.info("warm-up probe %s done after ready: %.1f s%s", k, eng.warmup.seconds.get(k, 0.0),
-                         f", kept in {saved}" if saved else "")
+                w = eng.warmup
+                saved, others = w.saved.get(k), w.disturbed.get(k)
+                note = f", kept in {saved}" if saved else ""
+                if others is not None:  # every attempt ran beside other processes' work: used, not kept
+                    note = (f"; other processes used {others:.2f} cores during each of its {w.attempts[k]} "
+                            "attempts: used by this server, not kept on disk (probed again on the next start)")
+                log.info("warm-up probe %s done after ready: %.1f s%s", k, w.seconds.get(k, 0.0), note)
 
     def _wait_time(self, progressed: bool) -> float | None:
         eng = self.engine
@@ -422,6 +426,7 @@ class EngineLoop:
         sc = self.engine.scheduler
         self.metrics.set_queues(self._pending, len(sc.held), len(sc.waiting), len(sc.running))
         self.metrics.set_pools(*pool_use(sc))
+        self.metrics.warmup_pending.set(1 if self.engine.warming else 0)
 
 
 def pool_use(sc) -> tuple[PoolUse, PoolUse]:

@@ -77,6 +77,8 @@ class ServerMetrics:
                                     ("kind",))
         self.state_slots = self._gauge("state_slots", "state snapshot slots: held by running branches, cached "
                                        "snapshots, free, total", ("kind",))
+        self.warmup_pending = self._gauge("warmup_pending", "1 while the engine's lazy warm-up (the first forward, "
+                                          "the probes) is left: it runs in quiet gaps; 0 once done")
         self.aborted = self._counter("aborted_requests", "requests aborted (client gone or error)")
         self.loop_lag = self._histogram("event_loop_lag_seconds", "how late the HTTP event loop wakes from a "
                                         "short sleep (a blocked loop shows here)", _LOOP_LAG)

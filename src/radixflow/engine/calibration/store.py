@@ -14,8 +14,9 @@ probe's observations (`HandoffCalibration.probe_*`, the initial round lengths, t
 
 Invalidation: a file is used only when its whole key matches; anything else (another CPU, thread count,
 torch, an edit to the model code) misses, the probe runs again and writes a file of its own key. The
-timings in a file are those of the load the machine had when it was written; delete the directory (or
-serve with `--probe-cache off`) to measure again. A file that cannot be read or parsed is a miss.
+timings in a file are those of the load the machine had when it was written (a probe during which other
+processes kept the cores busy is not written: probes.py `Disturbance`); delete the directory (or serve with
+`--probe-cache off`) to measure again. A file that cannot be read or parsed is a miss.
 """
 
 from __future__ import annotations

@@ -36,7 +36,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Ba
     out = torch.empty_like(q)
     decoded: set[int] = set()
     for a, m, rows in (batch.decode_groups() if DECODE_GROUPS else ()):
-        _decode_attention(q, k_pool, v_pool, batch, a, m, rows, out, scale)
+        runs = batch.context_runs(rows[0])
+        if DECODE_RUN and len(rows) == 1 and len(runs) == 1:
+            _decode_run(q, k_pool, v_pool, batch.offsets[rows[0]], runs[0], out, scale)
+        else:
+            _decode_attention(q, k_pool, v_pool, batch, a, m, rows, out, scale)
         decoded.update(rows)
     for i, row in enumerate(batch.rows):
         if i in decoded:
@@ -63,6 +67,7 @@ def _context(pool: torch.Tensor, batch: BatchContext, i: int) -> torch.Tensor:
 
 _MAX_RUNS = 8
 DECODE_GROUPS = True   # 1-token rows by `_decode_attention` (False: each row by SDPA, as multi-token rows)
+DECODE_RUN = True      # a lone 1-token row whose context is one run by `_decode_run` (False: `_decode_attention`)
 
 
 def _decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: BatchContext,
@@ -95,6 +100,22 @@ def _decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     lse = torch.logaddexp(lse1, lse2)
     o = o1 * (lse1 - lse).exp_() + o2 * (lse2 - lse).exp_()
     out.index_copy_(0, tok, o.reshape(g, hkv * rep, d).to(out.dtype))
+
+
+def _decode_run(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, t: int, run: tuple[int, int],
+                out: torch.Tensor, scale: float) -> None:
+    """One 1-token row (packed token t) whose whole context, its new token included, is one run of cache
+    slots [a, b): one product per KV head against a view of the pool and one softmax, no split into a
+    shared part and a rest joined by log-sum-exps (a lone row's rest is only its new token, and the query,
+    at the context's last position, needs no mask). The common case of one stream decoding: its pages
+    come in one ascending run (cache/pool.py)."""
+    a, b = run
+    hkv, d = k_pool.shape[1], k_pool.shape[2]
+    qs = q[t].view(hkv, -1, d)                                            # [Hkv, heads per KV, D]
+    ks = k_pool[a:b].transpose(0, 1).to(q.dtype)
+    vs = v_pool[a:b].transpose(0, 1).to(q.dtype)
+    o, _ = _softmax_av(torch.bmm(qs, ks.transpose(1, 2)).mul_(scale), vs)
+    out[t] = o.reshape(-1, d).to(out.dtype)
 
 
 def _softmax_av(s: torch.Tensor, v: torch.Tensor, pad: torch.Tensor | None = None

@@ -161,6 +161,21 @@ class FusedLinears:
         self.packed = None
         self._ptrs = [lin.weight.data_ptr() for lin in lins]
 
+    def __deepcopy__(self, memo: dict) -> FusedLinears:
+        """A copy (a deep-copied model's) over the copied Linears, fused (and packed) anew from THEIR
+        weights when the original was: torch copies each Parameter apart, so copying the fused weight too
+        would leave the copy's Linears and its fused weight two unrelated tensors (and the original's
+        pointers, copied as they were, made the copy run its projections one by one)."""
+        from copy import deepcopy
+
+        new = FusedLinears(*deepcopy(self.linears, memo))
+        memo[id(self)] = new
+        if self._current():
+            new.fuse()
+            if self.packed is not None:
+                new.pack()
+        return new
+
     def pack(self) -> None:
         """Reorder the fused weight for oneDNN (engine/models/dnn_linear.py); the dense one is kept."""
         if self._current() and dnn_linear.packable(self.weight):
