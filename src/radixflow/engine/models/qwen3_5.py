@@ -112,8 +112,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.nv))
         self.norm = NormThenGate(self.dv, c.rms_norm_eps)
         self.out_proj = nn.Linear(self.nv * self.dv, c.hidden_size, bias=False)
-        # the four same-input projections as one matmul (b and a: 1 x nv each, two calls a layer saved)
-        self.__dict__["fused"] = FusedLinears(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        self.__dict__["fused"] = FusedLinears(self.in_proj_qkv, self.in_proj_z)
 
     def state_shape(self) -> StateShape:
         conv_dim = self.conv1d.weight.shape[0]
@@ -121,7 +120,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: BatchContext, cache: ModelCache) -> torch.Tensor:
         n = x.shape[0]
-        qkv, z, b, a = self.fused(x)
+        qkv, z = self.fused(x)
         mixed = causal_conv(qkv, self.conv1d.weight, None, batch, cache, self.state_index,
                             self.conv_act)
         q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
@@ -129,8 +128,8 @@ class GatedDeltaNet(nn.Module):
         k = _l2norm(k.reshape(n, self.nk, self.dk))
         if self.nv != self.nk:  # each q/k head serves nv/nk consecutive value heads
             q, k = (t.repeat_interleave(self.nv // self.nk, dim=1) for t in (q, k))
-        beta = torch.sigmoid(b.float())
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        beta = torch.sigmoid(self.in_proj_b(x).float())
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
         chunk = unmeasured_chunk("gdn", 64, x.device, batch.scan_costs)
         o = gated_delta_rule(q, k, v.reshape(n, self.nv, self.dv), g, beta, batch, cache, self.state_index, chunk)
         o = self.norm(o.to(x.dtype), z.view(n, self.nv, self.dv))
