@@ -20,8 +20,9 @@ llama-server comes from scripts/install_llamaserver.sh (built from the llama.cpp
 llama-cpp-python 0.3.36 sdist); `--llama-server PATH` points elsewhere.
 
 Ours: `radixflow serve --model M --torch-threads 2 --host 127.0.0.1 --port P`, every other setting at its
-default (from the sources this script sits in). Nothing is warmed up: the first request pays whatever
-start-up left for it, as a user's would.
+default (from the sources this script sits in). Side by side, its lazy warm-up (first forward, probes) is
+done before the first timed item (`wait_warm`; start-up is timed to /health 200 before it); one server after
+the other (`--order sequential`), nothing is warmed up: the first request pays whatever start-up left for it.
 
 Workloads (seeded; `--scale` multiplies the number of documents and sessions):
 - scoring: 2 documents of 800-1,200 tokens, 4 questions each (12-40 tokens) x 4 candidates (2-12
