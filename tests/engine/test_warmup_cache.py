@@ -116,7 +116,7 @@ class _Busy:
         def machine() -> float:  # the machine's busy seconds: ours (0) plus the others'
             busy[0] += self.cores
             return busy[0]
-        return Disturbance(busy=machine, own=lambda: 0.0, clock=tick)
+        return Disturbance(busy=machine, own=lambda: 0.0, clock=tick, spare=0.0)
 
 
 def test_a_probe_taken_beside_other_work_is_retried_then_used_but_not_kept(tmp_path):
@@ -159,12 +159,15 @@ def test_disturbance_counts_only_other_processes_during_the_steps():
             yield
         return "costs"
 
-    d = Disturbance(busy=lambda: t["busy"], own=lambda: t["own"], clock=lambda: t["wall"])
+    d = Disturbance(busy=lambda: t["busy"], own=lambda: t["own"], clock=lambda: t["wall"], spare=0.0)
     gen = d.metered(steps())
     assert next(gen) is None
     t["wall"] += 100.0   # between two steps (a lazy server answering requests): not counted
     t["busy"] += 150.0
     assert exhaust(gen) == "costs"
     assert d.wall == 8.0 and d.others == 0.5 and not d.quiet
+    # the same half core of others' work on a machine with a core our threads leave free: no contention
+    d.spare = 1.0
+    assert d.quiet
     unreadable = Disturbance(busy=lambda: None, own=lambda: 0.0, clock=lambda: t["wall"])
     assert exhaust(unreadable.metered(steps())) == "costs" and unreadable.others is None and unreadable.quiet

@@ -68,9 +68,10 @@ def exhaust(steps: Iterator[None]):
             return stop.value
 
 
-# A probe step during which other processes (and the hypervisor: steal time) used more than this many cores
-# on average timed a shared machine, not the model: its costs are used by this engine but not kept on disk,
-# and the probe is taken again, up to ATTEMPTS times (the least disturbed attempt is the one used).
+# A probe during whose steps other processes (and the hypervisor: steal time) used more than the cores our
+# threads leave free plus this many timed a shared machine, not the model: its costs are used by this engine
+# but not kept on disk, and the probe is taken again, up to ATTEMPTS times (the least disturbed attempt is
+# the one used). On a 2-core machine probing on 2 threads: a quarter of a core.
 OTHERS_MAX = 0.25
 ATTEMPTS = 3
 # Both counters tick at 1/CLK_TCK (10 ms) per core: each step's reading may be off by a few ticks, so a
@@ -98,14 +99,26 @@ def _own_seconds() -> float:
     return t.user + t.system
 
 
+def _spare_cores() -> float:
+    """The cores this process may run on that torch's threads leave free (others using them contend with nothing)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return float(max(0, cores - torch.get_num_threads()))
+
+
 class Disturbance:
     """Wall seconds of a probe's steps and the CPU seconds other processes used meanwhile (the machine's
     busy time from /proc/stat less this process's own, every thread of it), summed over the steps only:
     what a lazy server does between two steps (answering requests) is not counted. `others` is their
-    ratio, the cores used by others on average; None where the machine's busy time cannot be read."""
+    ratio, the cores used by others on average; None where the machine's busy time cannot be read.
+    `spare`: the cores our threads leave free (`_spare_cores()` unless given)."""
 
-    def __init__(self, busy=_busy_seconds, own=_own_seconds, clock=time.perf_counter) -> None:
+    def __init__(self, busy=_busy_seconds, own=_own_seconds, clock=time.perf_counter,
+                 spare: float | None = None) -> None:
         self._busy, self._own, self._clock = busy, own, clock
+        self.spare = _spare_cores() if spare is None else spare
         self.wall = 0.0
         self.steps = 0
         self.other_seconds: float | None = 0.0
@@ -139,10 +152,10 @@ class Disturbance:
 
     @property
     def quiet(self) -> bool:
-        """Others used at most OTHERS_MAX cores, give or take the counters' ticks (or it cannot be told: then
-        the probe is taken as it is)."""
+        """Others used at most the spare cores plus OTHERS_MAX, give or take the counters' ticks (or it cannot
+        be told: then the probe is taken as it is)."""
         o = self.other_seconds
-        return o is None or o <= OTHERS_MAX * self.wall + TICK_SLACK_S * (self.steps + 4)
+        return o is None or o <= (self.spare + OTHERS_MAX) * self.wall + TICK_SLACK_S * (self.steps + 4)
 
 
 def _scan_layers(model) -> list:

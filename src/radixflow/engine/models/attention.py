@@ -36,8 +36,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Ba
     out = torch.empty_like(q)
     decoded: set[int] = set()
     for a, m, rows in (batch.decode_groups() if DECODE_GROUPS else ()):
-        runs = batch.context_runs(rows[0])
-        if DECODE_RUN and len(rows) == 1 and len(runs) == 1:
+        if DECODE_RUN and len(rows) == 1 and len(runs := batch.context_runs(rows[0])) == 1:
             _decode_run(q, k_pool, v_pool, batch.offsets[rows[0]], runs[0], out, scale)
         else:
             _decode_attention(q, k_pool, v_pool, batch, a, m, rows, out, scale)
@@ -82,10 +81,7 @@ def _decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     rep = qg.shape[2]
     # shared part: [Hkv, G * rep, D] against [Hkv, m, D]
     qs = qg.permute(1, 0, 2, 3).reshape(hkv, g * rep, d)
-    ks = k_pool[a:a + m].transpose(0, 1).to(q.dtype)
-    vs = v_pool[a:a + m].transpose(0, 1).to(q.dtype)
-    s1 = torch.bmm(qs, ks.transpose(1, 2)).mul_(scale)
-    o1, lse1 = _softmax_av(s1, vs)                                        # [Hkv, G*rep, D], [Hkv, G*rep, 1]
+    o1, lse1 = _attend_slots(qs, k_pool, v_pool, a, a + m, scale)        # [Hkv, G*rep, D], [Hkv, G*rep, 1]
     o1 = o1.view(hkv, g, rep, d).permute(1, 0, 2, 3)
     lse1 = lse1.view(hkv, g, rep, 1).permute(1, 0, 2, 3)
     # each row's rest: [G, R] slots (padded), valid where < the row's rest length
@@ -109,13 +105,18 @@ def _decode_run(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, t: 
     shared part and a rest joined by log-sum-exps (a lone row's rest is only its new token, and the query,
     at the context's last position, needs no mask). The common case of one stream decoding: its pages
     come in one ascending run (cache/pool.py)."""
-    a, b = run
     hkv, d = k_pool.shape[1], k_pool.shape[2]
-    qs = q[t].view(hkv, -1, d)                                            # [Hkv, heads per KV, D]
-    ks = k_pool[a:b].transpose(0, 1).to(q.dtype)
-    vs = v_pool[a:b].transpose(0, 1).to(q.dtype)
-    o, _ = _softmax_av(torch.bmm(qs, ks.transpose(1, 2)).mul_(scale), vs)
+    o, _ = _attend_slots(q[t].view(hkv, -1, d), k_pool, v_pool, *run, scale)   # queries [Hkv, heads per KV, D]
     out[t] = o.reshape(-1, d).to(out.dtype)
+
+
+def _attend_slots(qs: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, a: int, b: int, scale: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries qs [Hkv, n, D] against cache slots [a, b), read as a view of the pool (one product per KV
+    head, no mask): the softmax-weighted values [Hkv, n, D] and the scores' log-sum-exps [Hkv, n, 1]."""
+    ks = k_pool[a:b].transpose(0, 1).to(qs.dtype)
+    vs = v_pool[a:b].transpose(0, 1).to(qs.dtype)
+    return _softmax_av(torch.bmm(qs, ks.transpose(1, 2)).mul_(scale), vs)
 
 
 def _softmax_av(s: torch.Tensor, v: torch.Tensor, pad: torch.Tensor | None = None
