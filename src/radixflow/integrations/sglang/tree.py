@@ -275,8 +275,9 @@ class TreeEdits:
 
     INLINE_CUTS = True  # `_cut_tail` walks the cut itself: the victims `cut_to` gives (test_sglang_inline_cuts.py)
 
-    def _cut_tail(self, view, leaf, target: int, tracker, device_frees, host_frees, cache_actions) -> int:
-        """`cut_to(view, leaf, target)` on a tree that trims, each victim removed at once (`_remove`:
+    def _cut_tail(self, view, tracker, device_frees, host_frees, cache_actions, leaf, target: int) -> int:
+        """`cut_to(view, leaf, target)` on a tree that trims (the step's I/O first, so that a
+        `functools.partial` over them is the policy's `cut`), each victim removed at once (`_remove`:
         whole leaves up the single-child chain, the last one shortened in place). What it freed. The
         batched calls' hot loop, so the cut's walk is inline (no generator, no view calls): the same
         victims in the same order as `cut_to`, which runs instead with `INLINE_CUTS` off."""
@@ -359,9 +360,12 @@ class TreeEdits:
             tracker[FULL] += n
             if core._is_tracking_unbacked_tokens and n > 0 and cd.host_value is None:
                 core._tracked_unbacked_tokens += n
-        for lru in (core.lru_lists[FULL], core.host_lru_lists[FULL]):
-            if lru.cache and lru.in_list(node):  # (the lists are empty on trees that trim)
-                lru.remove_node(node)
+        lru = core.lru_lists[FULL]
+        if lru.cache and lru.in_list(node):  # (the lists are empty on trees that trim)
+            lru.remove_node(node)
+        lru = core.host_lru_lists[FULL]
+        if lru.cache and lru.in_list(node):
+            lru.remove_node(node)
         core.evictable_device_leaves.discard(node)
         core.evictable_host_leaves.discard(node)
         parent = node.parent
