@@ -333,7 +333,7 @@ def test_kept_rotation_laps_as_the_sorted_ring_with_tied_keys(n_keys, steps):
     for take, drop, rekey, add in steps:
         want = _ring_lap(view, cursor)[:take]
         got = []
-        for key, leaf in rot.lap():
+        for key, leaf in rot.lap(view):
             got.append(leaf)
             cursor = key
             if len(got) == take:
@@ -371,7 +371,7 @@ def test_kept_rotation_does_not_move_a_tie_group_at_every_lap(monkeypatch):
     keys = {leaf: ("", 0) for leaf in range(200)}
     view, rot = KeptOrderView(keys), Rotation()
     rot.enter(view, list(keys), None)
-    key, leaf = next(rot.lap())
+    key, leaf = next(rot.lap(view))
     view.orders[leaf] = 999
     view.changed.append(leaf)
     rot.close_lap(view, key)   # the cursor reaches the key: the group moves once
@@ -389,7 +389,7 @@ def test_kept_rotation_does_not_move_a_tie_group_at_every_lap(monkeypatch):
     monkeypatch.setattr(eviction, "heapq", Counting)
     order = []
     for i in range(50):
-        key, leaf = next(rot.lap())
+        key, leaf = next(rot.lap(view))
         order.append(leaf)
         view.orders[leaf] = 1000 + i
         view.changed.append(leaf)

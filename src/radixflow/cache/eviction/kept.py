@@ -29,6 +29,10 @@ class Lazy:
     def is_live(self, e) -> bool:
         return self.entry.get(e[-1]) is e
 
+    def drop(self, item) -> None:
+        """`item` loses its live entry (what it left in a heap goes stale)."""
+        self.entry.pop(item, None)
+
     def heaps(self) -> tuple:
         raise NotImplementedError
 
@@ -114,26 +118,29 @@ class Rotation(Lazy):
         for heap in (self.ahead, self.behind, self.ties):
             heapq.heapify(heap)
 
-    def drop(self, leaf) -> None:
-        self.entry.pop(leaf, None)
-
     def laps(self) -> tuple:
         """The heaps in lap order."""
         return self.ahead, self.behind, self.ties
 
     heaps = laps
 
-    def lap(self):
-        """(key, leaf) of every live entry, from just after the cursor, once around."""
-        self.visited = []
+    def lap(self, view: TreeView):
+        """(key, leaf) of every live entry, from just after the cursor, once around; a leaf that is
+        no longer an evictable leaf of `view` when its turn comes loses its entry instead."""
+        self.visited = visited = []
         entry = self.entry
+        is_leaf, evictable = view.is_leaf, view.evictable
         for heap in self.laps():
             while heap:
                 e = heapq.heappop(heap)
-                if entry.get(e[3]) is not e:
+                leaf = e[3]
+                if entry.get(leaf) is not e:
                     continue  # superseded or dropped
-                self.visited.append(e)
-                yield e[0], e[3]
+                if not is_leaf(leaf) or not evictable(leaf):
+                    del entry[leaf]
+                    continue
+                visited.append(e)
+                yield e[0], leaf
 
     def close_lap(self, view: TreeView, cursor) -> None:
         """Splits what is left and what was visited at the new cursor, then enters what changed.
@@ -323,9 +330,6 @@ class RecencyHeap(LazyHeap):
     def enter(self, leaf, priority) -> None:
         e = self.entry[leaf] = (priority, leaf)
         heapq.heappush(self.heap, e)
-
-    def drop(self, leaf) -> None:
-        self.entry.pop(leaf, None)
 
     def least(self, members, priority):
         """The least recent leaf of `members`, its entry taken out (None: none)."""

@@ -56,13 +56,9 @@ class RoundRobinTail:
         freed = 0
         while freed < need:
             progressed = False
-            lap = rot.lap() if changes is not None else self._ring(view, self._page_cursor)
+            lap = rot.lap(view) if changes is not None else _live(view, self._ring(view, self._page_cursor))
             try:
                 for key, leaf in lap:
-                    if not view.is_leaf(leaf) or not view.evictable(leaf):
-                        if changes is not None:
-                            rot.drop(leaf)
-                        continue
                     self._page_cursor = key  # before the cut: a driver may stop the walk inside it
                     d = view.depth(leaf)
                     target = d - span if d > span else 0
@@ -188,6 +184,14 @@ class LevelTail(RoundRobinTail):
 
     def forget_orders(self) -> None:
         self._deepest = None
+
+
+def _live(view: TreeView, ring):
+    """The (key, leaf) of `ring` that are still evictable leaves of `view` when their turn comes
+    (a lap's cuts change the tree as it goes)."""
+    for key, leaf in ring:
+        if view.is_leaf(leaf) and view.evictable(leaf):
+            yield key, leaf
 
 
 Cuts = Generator[tuple, int, None]  # (leaf, target depth) per cut; sent back what the cut freed

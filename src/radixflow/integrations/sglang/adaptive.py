@@ -290,7 +290,7 @@ class DuelFullComponent(RadixflowFullComponent):
         if io is None:
             return None
         view = self._view
-        return self._cut_tail(view, leaf, target, *io) if view.is_leaf(leaf) and view.evictable(leaf) else 0
+        return self._cut_tail(view, *io, leaf, target) if view.is_leaf(leaf) and view.evictable(leaf) else 0
 
 
 def _counter(node) -> int:

@@ -41,6 +41,7 @@ The RADIXFLOW_SGLANG_* settings are read once per cache (settings.py).
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
@@ -380,10 +381,8 @@ class RadixflowFullComponent(TreeEdits, FullComponent):
     def _tail_call(self, view, pol, need: int, pages: int, tracker, device_frees, host_frees, cache_actions) -> None:
         """A batched rr-tail / level-tail call on a tree that `trims`: the policy's cuts
         (`pol.cuts(view, need, pages)`), each removed whole as it is chosen (`_cut_tail`, called by
-        the policy's loop itself: no generator switch a cut)."""
-        def cut(leaf, target: int) -> int:
-            return self._cut_tail(view, leaf, target, tracker, device_frees, host_frees, cache_actions)
-
+        the policy's loop itself: no generator switch a cut, and no Python frame between them)."""
+        cut = functools.partial(self._cut_tail, view, tracker, device_frees, host_frees, cache_actions)
         for _ in pol.cuts(view, need, pages, cut):   # runs to its end at the first `next`
             raise AssertionError("cuts yielded a cut while given `cut`")
 

@@ -275,8 +275,9 @@ class TreeEdits:
 
     INLINE_CUTS = True  # `_cut_tail` walks the cut itself: the victims `cut_to` gives (test_sglang_inline_cuts.py)
 
-    def _cut_tail(self, view, leaf, target: int, tracker, device_frees, host_frees, cache_actions) -> int:
-        """`cut_to(view, leaf, target)` on a tree that trims, each victim removed at once (`_remove`:
+    def _cut_tail(self, view, tracker, device_frees, host_frees, cache_actions, leaf, target: int) -> int:
+        """`cut_to(view, leaf, target)` on a tree that trims (the step's I/O first, so that a
+        `functools.partial` over them is the policy's `cut`), each victim removed at once (`_remove`:
         whole leaves up the single-child chain, the last one shortened in place). What it freed. The
         batched calls' hot loop, so the cut's walk is inline (no generator, no view calls): the same
         victims in the same order as `cut_to`, which runs instead with `INLINE_CUTS` off."""
@@ -357,11 +358,14 @@ class TreeEdits:
             n = value.shape[0] if PLAIN_LEDGER else self.reclaimable_value_len(node)
             core.component_evictable_size_[FULL] -= n
             tracker[FULL] += n
-            if core._is_tracking_unbacked_tokens and n > 0 and cd.host_value is None:
+            if core._is_tracking_unbacked_tokens and n > 0:  # (no host copy: returned above)
                 core._tracked_unbacked_tokens += n
-        for lru in (core.lru_lists[FULL], core.host_lru_lists[FULL]):
-            if lru.cache and lru.in_list(node):  # (the lists are empty on trees that trim)
-                lru.remove_node(node)
+        lru = core.lru_lists[FULL]
+        if lru.cache and lru.in_list(node):  # (the lists are empty on trees that trim)
+            lru.remove_node(node)
+        lru = core.host_lru_lists[FULL]
+        if lru.cache and lru.in_list(node):
+            lru.remove_node(node)
         core.evictable_device_leaves.discard(node)
         core.evictable_host_leaves.discard(node)
         parent = node.parent
@@ -384,8 +388,9 @@ class TreeEdits:
         keep = depth - end + (len(key.token_ids) if plain else len(key))
         cd = node.component_data[FULL]
         value = cd.value
-        before = value.shape[0] if PLAIN_LEDGER else self.reclaimable_value_len(node)
-        head, tail = value.tensor_split((keep,))
+        n = value.shape[0]
+        before = n if PLAIN_LEDGER else self.reclaimable_value_len(node)
+        head, tail = value.split_with_sizes((keep, n - keep))  # (views, as tensor_split's; one dispatch less)
         frees.append(tail)
         cd.value = head
         node.key = type(key)(key.token_ids[:keep], key.extra_key, cache_salt=key.cache_salt) if plain else key[:keep]
