@@ -120,3 +120,24 @@ def test_water_level_of_a_shadow_is_the_deepest_that_frees_the_need():
         top = max((start[k] + kept[k] for k in keys), default=0)
         want = next((lv for lv in range(top, 0, -1) if freed(lv, start, kept) >= need), 0)
         assert _level(keys, start, kept, need) == want, (start, kept, need)
+
+
+def test_a_trajectory_keys_tokens_are_equal_exactly_when_the_tokens_are():
+    """`duel.token_tag` packs the key's tokens (a bytes object keeps its hash, a 64-int tuple is hashed at
+    every lookup): the same tokens give the same key from a list, a tuple or an array (SGLang's token ids),
+    other tokens another key, and a token outside int64 falls back to the tuple (no key merges two)."""
+    from array import array
+
+    from radixflow.cache.eviction.duel import token_tag
+
+    toks = [5, 0, 1 << 40, 7, 2**63 - 1]
+    assert token_tag(toks) == token_tag(tuple(toks)) == token_tag(array("q", toks))
+    assert hash(token_tag(toks)) == hash(token_tag(tuple(toks)))
+    assert token_tag(toks) != token_tag(toks[:-1]) and token_tag(toks) != token_tag([5, 0, 1 << 40, 7, 2**63 - 2])
+    assert token_tag([0]) != token_tag([0, 0]) and token_tag([]) == token_tag(())
+    big = [1, 2**64]
+    assert token_tag(big) == (1, 2**64) and token_tag(big) != token_tag([1, 0])
+    rule = DuelRule()  # one history under two spellings of its tokens is one trajectory to the duel
+    rule.observe(("", 0, token_tag(toks)), 0, 100, 0, 10**6)
+    rule.observe(("", 0, token_tag(tuple(toks))), 0, 132, 100, 10**6)
+    assert rule.returns == 1 and len(rule.seen) == 1
