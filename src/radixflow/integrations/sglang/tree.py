@@ -360,12 +360,9 @@ class TreeEdits:
             tracker[FULL] += n
             if core._is_tracking_unbacked_tokens and n > 0:  # (no host copy: returned above)
                 core._tracked_unbacked_tokens += n
-        lru = core.lru_lists[FULL]
-        if lru.cache and lru.in_list(node):  # (the lists are empty on trees that trim)
-            lru.remove_node(node)
-        lru = core.host_lru_lists[FULL]
-        if lru.cache and lru.in_list(node):
-            lru.remove_node(node)
+        for lru in (core.lru_lists[FULL], core.host_lru_lists[FULL]):
+            if lru.cache and lru.in_list(node):  # (the lists are empty on trees that trim)
+                lru.remove_node(node)
         core.evictable_device_leaves.discard(node)
         core.evictable_host_leaves.discard(node)
         parent = node.parent
