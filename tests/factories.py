@@ -51,6 +51,9 @@ class KeptOrderView:
     def evictable(self, leaf) -> bool:
         return True
 
+    def evictable_leaf(self, leaf) -> bool:
+        return leaf in self.keys
+
     def trajectory_key(self, leaf):
         return self.keys[leaf]
 

@@ -408,7 +408,7 @@ def cut_target(depth: int, level: int, chunk: int, unit: int) -> int:
 def cut_cold(view, leaf, level: int):
     """One cold leaf of the tail rule cut down to the water `level` (nothing where it is no longer an
     evictable leaf); yields the victims, is sent back what each freed, returns the total."""
-    if not view.is_leaf(leaf) or not view.evictable(leaf):
+    if not view.evictable_leaf(leaf):
         return 0
     got = 0
     for victim in cut_to(view, leaf, level):

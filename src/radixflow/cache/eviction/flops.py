@@ -88,7 +88,7 @@ class FlopAware:
                     if view.has_tail(victim) and _droppable(victim):
                         freed += yield victim
                         progressed = True
-                elif not view.has_children(victim) and view.evictable(victim) and view.is_leaf(victim):
+                elif not view.has_children(victim) and view.evictable_leaf(victim):
                     freed += yield victim
                     progressed = True
             if not progressed:

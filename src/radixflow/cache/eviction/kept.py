@@ -97,7 +97,7 @@ class Rotation(Lazy):
             self._split(cursor)
         entry = self.entry
         for leaf in leaves:
-            if view.is_leaf(leaf) and view.evictable(leaf):
+            if view.evictable_leaf(leaf):
                 key, order = view.trajectory_key(leaf), view.leaf_order(leaf)
                 old = entry.get(leaf)
                 if old is not None and old[1] == order and old[0] == key:
@@ -129,14 +129,14 @@ class Rotation(Lazy):
         no longer an evictable leaf of `view` when its turn comes loses its entry instead."""
         self.visited = visited = []
         entry = self.entry
-        is_leaf, evictable = view.is_leaf, view.evictable
+        evictable_leaf = view.evictable_leaf
         for heap in self.laps():
             while heap:
                 e = heapq.heappop(heap)
                 leaf = e[3]
                 if entry.get(leaf) is not e:
                     continue  # superseded or dropped
-                if not is_leaf(leaf) or not evictable(leaf):
+                if not evictable_leaf(leaf):
                     del entry[leaf]
                     continue
                 visited.append(e)
@@ -179,7 +179,7 @@ class Rotation(Lazy):
         """(key, leaf) of the next lap, in order, less what it would skip (tests)."""
         entry = self.entry
         return [(e[0], e[3]) for heap in self.laps() for e in sorted(heap)
-                if entry.get(e[3]) is e and view.is_leaf(e[3]) and view.evictable(e[3])]
+                if entry.get(e[3]) is e and view.evictable_leaf(e[3])]
 
 
 def _merge(a: list, b: list) -> list:
@@ -216,7 +216,7 @@ class DeepestFirst(LazyHeap):
     def enter(self, view: TreeView, leaves) -> None:
         entry = self.entry
         for leaf in leaves:
-            if view.is_leaf(leaf) and view.evictable(leaf):
+            if view.evictable_leaf(leaf):
                 depth, key, order = -view.depth(leaf), view.trajectory_key(leaf), view.leaf_order(leaf)
                 old = entry.get(leaf)
                 if old is not None and old[0] == depth and old[2] == order and old[1].key == key:
@@ -232,7 +232,7 @@ class DeepestFirst(LazyHeap):
         while heap:
             e = heap[0]
             leaf = e[4]
-            if entry.get(leaf) is e and view.is_leaf(leaf) and view.evictable(leaf):
+            if entry.get(leaf) is e and view.evictable_leaf(leaf):
                 return leaf
             heapq.heappop(heap)
             if entry.get(leaf) is e:

@@ -28,7 +28,7 @@ class RoundRobinTail:
     name: str = "rr-tail"
     _page_cursor: tuple | None = field(default=None, repr=False)
     _snap_cursor: tuple | None = field(default=None, repr=False)
-    _rotation: Rotation | None = field(default=None, repr=False)  # views with a change feed only
+    _rotation: Rotation = field(default_factory=Rotation, repr=False)  # read over views with a change feed only
 
     def __post_init__(self) -> None:
         if self.chunk_pages < 1:
@@ -51,7 +51,7 @@ class RoundRobinTail:
         span = (self.chunk_pages if chunk_pages is None else chunk_pages) * view.unit
         changes = view.changes()
         if changes is not None:
-            rot = self.kept_rotation()
+            rot = self._rotation
             rot.enter(view, changes, self._page_cursor)
         freed = 0
         while freed < need:
@@ -73,20 +73,15 @@ class RoundRobinTail:
             if not progressed:
                 break
 
-    def kept_rotation(self) -> Rotation:
-        if self._rotation is None:
-            self._rotation = Rotation()
-        return self._rotation
-
     def enter_changes(self, view: TreeView, changes) -> None:
         """Enters what changed into the kept order now (a tree feeding it between calls)."""
-        rot = self.kept_rotation()
+        rot = self._rotation
         rot.enter(view, changes, self._page_cursor)
         rot.compact()
 
     def forget_orders(self) -> None:
         """The kept order starts afresh (its feed restarts with every leaf); the cursor stays."""
-        self._rotation = None
+        self._rotation = Rotation()
 
     def evict_snapshots(self, index: IndexInternals, need: int) -> int:
         dropped = 0
@@ -138,14 +133,14 @@ class LevelTail(RoundRobinTail):
 
     name: str = "level-tail"
 
-    _deepest: DeepestFirst | None = field(default=None, repr=False)  # views with a change feed only
+    _deepest: DeepestFirst = field(default_factory=DeepestFirst, repr=False)  # read over views with a change feed only
 
     def cuts(self, view: TreeView, need: int, chunk_pages: int | None = None, cut=None) -> Cuts:
         """The deepest idle trajectory (then the largest key, then the first in leaf order) loses
         its last chunk, again until `need` is freed (`cut`: as `RoundRobinTail.cuts`)."""
         span = (self.chunk_pages if chunk_pages is None else chunk_pages) * view.unit
         changes = view.changes()
-        order = self.kept_deepest() if changes is not None else None
+        order = self._deepest if changes is not None else None
         freed = 0
         while freed < need:
             if order is not None:
@@ -172,25 +167,20 @@ class LevelTail(RoundRobinTail):
         tied = [n for n in leaves if view.depth(n) == deepest]
         return tied[0] if len(tied) == 1 else max(tied, key=view.trajectory_key)
 
-    def kept_deepest(self) -> DeepestFirst:
-        if self._deepest is None:
-            self._deepest = DeepestFirst()
-        return self._deepest
-
     def enter_changes(self, view: TreeView, changes) -> None:
-        order = self.kept_deepest()
+        order = self._deepest
         order.enter(view, changes)
         order.compact()
 
     def forget_orders(self) -> None:
-        self._deepest = None
+        self._deepest = DeepestFirst()
 
 
 def _live(view: TreeView, ring):
     """The (key, leaf) of `ring` that are still evictable leaves of `view` when their turn comes
     (a lap's cuts change the tree as it goes)."""
     for key, leaf in ring:
-        if view.is_leaf(leaf) and view.evictable(leaf):
+        if view.evictable_leaf(leaf):
             yield key, leaf
 
 

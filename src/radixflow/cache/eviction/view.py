@@ -50,6 +50,8 @@ class TreeView(Protocol):
 
     def evictable(self, node) -> bool: ...
 
+    def evictable_leaf(self, node) -> bool: ...  # `is_leaf` and `evictable`, in one call (the kept orders' check)
+
     def live_leaf(self, node) -> bool: ...  # an evictable leaf the tree lists as one
 
     def has_children(self, node) -> bool: ...
@@ -112,8 +114,10 @@ class IndexView:
     def evictable(self, node: Node) -> bool:
         return self.index._evictable(node)
 
-    def live_leaf(self, node: Node) -> bool:
+    def evictable_leaf(self, node: Node) -> bool:
         return node in self.index._leaves and self.index._evictable(node)
+
+    live_leaf = evictable_leaf  # (the index lists every leaf it has)
 
     @staticmethod
     def has_children(node: Node) -> bool:

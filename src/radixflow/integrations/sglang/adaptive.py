@@ -286,11 +286,9 @@ class DuelFullComponent(RadixflowFullComponent):
 
     def _cut_at_once(self, leaf, target: int) -> int | None:
         """Where the walk removes its victims itself (`removes_now`), the cut whole (`_cut_tail`)."""
-        io = self._io
-        if io is None:
+        if self._io is None:
             return None
-        view = self._view
-        return self._cut_tail(view, *io, leaf, target) if view.is_leaf(leaf) and view.evictable(leaf) else 0
+        return self._cut_tail(leaf, target) if self._view.evictable_leaf(leaf) else 0
 
 
 def _counter(node) -> int:

@@ -41,7 +41,6 @@ The RADIXFLOW_SGLANG_* settings are read once per cache (settings.py).
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
@@ -202,14 +201,22 @@ class RadixflowFullComponent(TreeEdits, FullComponent):
         """The feed is drained only by FULL evict calls of rr-tail and level-tail: where they do not
         come (pressure on Mamba slots alone, whose own eviction deletes nodes) it would keep dead
         nodes, so past twice the tree's nodes it is dropped, and the next walk enters every leaf
-        afresh (the same orders: they are the whole walks' by construction)."""
-        limit = 2 * self.arena_size() + 64
+        afresh (the same orders: they are the whole walks' by construction). The memos by node id
+        keep the ids of nodes SGLang deleted on its own paths: past four times the tree's nodes they
+        start afresh (values recomputed as asked: no decision moves). Checked at every insert."""
+        size = self.arena_size()
+        limit = 2 * size + 64
         leaves = self.tree_core.evictable_device_leaves
         wrapped = isinstance(leaves, LeafSet)
         if len(self._changed) > limit or (wrapped and len(leaves.fresh) > limit):
             self._changed.clear()
             if wrapped:
                 self.tree_core.evictable_device_leaves = set(leaves)
+        limit = 4 * size + 64
+        if len(self._depths) > limit:
+            self._depths.clear()
+        if len(self._values) > limit:
+            self._values.clear()
 
     def redistribute_on_node_split(self, new_parent, child) -> None:
         super().redistribute_on_node_split(new_parent, child)
@@ -320,11 +327,6 @@ class RadixflowFullComponent(TreeEdits, FullComponent):
                 need = self._request - done
                 if need <= 0:
                     return None
-                limit = 4 * self.arena_size() + 64
-                if len(self._depths) > limit:
-                    self._depths.clear()  # nodes SGLang deleted on its own paths
-                if len(self._values) > limit:
-                    self._values.clear()
                 view = self._view = self._kept_view()
                 size = self.tree_core.full_evictable_size()
                 self._whole = view.trims and need < size
@@ -333,10 +335,11 @@ class RadixflowFullComponent(TreeEdits, FullComponent):
                     need = min(int(need * self.cut_ahead), size)
                     if self.cuts:  # a batched tail call: the whole call here, no generators
                         pages = max(pol.chunk_pages, -(-need // (self.cuts * view.unit)))
+                        self._io = (tracker, device_frees, host_frees, cache_actions)
                         try:
-                            self._tail_call(view, pol, need, pages, tracker, device_frees, host_frees,
-                                            cache_actions)
+                            self._tail_call(view, pol, need, pages)
                         finally:
+                            self._io = None
                             join_frees(device_frees)
                         return None
                 self._walk = self._start_walk(view, need)
@@ -378,12 +381,11 @@ class RadixflowFullComponent(TreeEdits, FullComponent):
         self._depths.pop(victim.id, None)  # the cache deletes it now
         return victim.id
 
-    def _tail_call(self, view, pol, need: int, pages: int, tracker, device_frees, host_frees, cache_actions) -> None:
-        """A batched rr-tail / level-tail call on a tree that `trims`: the policy's cuts
-        (`pol.cuts(view, need, pages)`), each removed whole as it is chosen (`_cut_tail`, called by
-        the policy's loop itself: no generator switch a cut, and no Python frame between them)."""
-        cut = functools.partial(self._cut_tail, view, tracker, device_frees, host_frees, cache_actions)
-        for _ in pol.cuts(view, need, pages, cut):   # runs to its end at the first `next`
+    def _tail_call(self, view, pol, need: int, pages: int) -> None:
+        """A batched rr-tail / level-tail call on a tree that `trims`, within a step that removes
+        (`_io`): the policy's cuts (`pol.cuts(view, need, pages)`), each removed whole as it is
+        chosen (`_cut_tail`, called by the policy's loop itself: no generator switch a cut)."""
+        for _ in pol.cuts(view, need, pages, self._cut_tail):  # runs to its end at the first `next`
             raise AssertionError("cuts yielded a cut while given `cut`")
 
     def _evict_device_end(self) -> None:

@@ -44,6 +44,12 @@ class SGLangTreeView:
                  values: dict | None = None) -> None:
         self.component = component
         self.core = component.tree_core
+        # `changes()`: leaves whose place in the kept orders may have moved since last asked
+        # (`cache/eviction/kept.py`): nodes that joined SGLang's evictable leaf set (a new leaf, an
+        # unlocked one, a parent a deletion exposed), leaves cut in place, leaves whose trajectory key
+        # was forgotten; all evictable leaves the first time, and after SGLang replaced its set. The
+        # component's own method, bound here (no frame of the view's a call: every pick asks it).
+        self.changes = component.drain_changes
         self.unit = self.core.page_size
         self.hybrid = MAMBA in self.core.components_by_type
         core = self.core
@@ -90,15 +96,24 @@ class SGLangTreeView:
 
     def live_leaf(self, node) -> bool:
         """An evictable leaf in SGLang's own set of them."""
-        return node in self.core.evictable_device_leaves and self.is_leaf(node) and self.evictable(node)
+        return node in self.core.evictable_device_leaves and self.evictable_leaf(node)
 
-    def evictable(self, node) -> bool:
-        if node is self.core.root_node or node.component_data[FULL].value is None:
+    def evictable_leaf(self, node) -> bool:
+        """`is_leaf` and `evictable` in one call (the kept orders ask it of every entry they meet):
+        a leaf in the tree (the root has no parent), holding its FULL value, that no request locks."""
+        if node.parent is None or node.children or node.id not in self.core._node_arena:
+            return False
+        if node.component_data[FULL].value is None:
             return False
         for cd in node.component_data:  # a loop, not any(): this runs for every leaf of every walk
             if cd.lock_ref > 0:
                 return False
         return True
+
+    def evictable(self, node) -> bool:
+        # Asked of childless nodes only (`cut_to` checks `has_children` first): one check with
+        # `evictable_leaf`, which every kept order asks of every entry it meets.
+        return self.evictable_leaf(node)
 
     @staticmethod
     def has_children(node) -> bool:
@@ -186,13 +201,6 @@ class SGLangTreeView:
     def tails(self) -> list:
         return self.tails_empty
 
-    def changes(self) -> list:
-        """Leaves whose place in the kept orders may have moved since last asked (`cache/eviction/kept.py`
-        `Rotation`, `DeepestFirst`): nodes that joined SGLang's evictable leaf set (a new leaf, an
-        unlocked one, a parent a deletion exposed), leaves cut in place, leaves whose trajectory key
-        was forgotten. All evictable leaves the first time, and after SGLang replaced its set."""
-        return self.component.drain_changes()
-
     def leaf_order(self, leaf) -> int:
         """The order the node became a leaf in (`rf_leaf`); one never seen becoming one is placed now."""
         md = leaf.component_data[FULL].metadata
@@ -275,21 +283,24 @@ class TreeEdits:
 
     INLINE_CUTS = True  # `_cut_tail` walks the cut itself: the victims `cut_to` gives (test_sglang_inline_cuts.py)
 
-    def _cut_tail(self, view, tracker, device_frees, host_frees, cache_actions, leaf, target: int) -> int:
-        """`cut_to(view, leaf, target)` on a tree that trims (the step's I/O first, so that a
-        `functools.partial` over them is the policy's `cut`), each victim removed at once (`_remove`:
-        whole leaves up the single-child chain, the last one shortened in place). What it freed. The
-        batched calls' hot loop, so the cut's walk is inline (no generator, no view calls): the same
-        victims in the same order as `cut_to`, which runs instead with `INLINE_CUTS` off."""
+    def _cut_tail(self, leaf, target: int) -> int:
+        """`cut_to(view, leaf, target)` over this call's view, within a step that may remove (`_io`:
+        the step's I/O; the policy's `cut`), each victim removed at once (`_remove`: whole leaves up
+        the single-child chain, the last one shortened in place). What it freed. The batched calls'
+        hot loop, so the cut's walk is inline (no generator, no view calls): the same victims in the
+        same order as `cut_to`, which runs instead with `INLINE_CUTS` off."""
+        tracker, device_frees, host_frees, cache_actions = self._io
         before = tracker[FULL]
         if not self.INLINE_CUTS:
-            for victim in cut_to(view, leaf, target):
+            for victim in cut_to(self._view, leaf, target):
                 self._remove(victim, tracker, device_frees, host_frees, cache_actions)
             return tracker[FULL] - before
         root = self.tree_core.root_node
         depths = self._depths
         node = leaf
-        depth = view.depth(node)
+        depth = depths.get(node.id)  # (the policy read it to set `target`: memoised)
+        if depth is None:
+            depth = self._view.depth(node)
         while depth > target and node is not root:  # `cut_to`'s walk on a FULL-only tree
             if node.children:
                 break
@@ -327,7 +338,8 @@ class TreeEdits:
 
     @property
     def removes_now(self) -> bool:
-        """A walk may remove its victims itself (`_cut_tail` with `_io`, `drop_now`): this call runs in one step."""
+        """A walk may remove its victims itself (`_cut_tail`, `drop_now`: `_io` holds the step's I/O):
+        this call runs in one step."""
         return self._io is not None
 
     def _remove(self, victim, tracker, device_frees, host_frees, cache_actions) -> int:
