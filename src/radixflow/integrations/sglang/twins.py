@@ -214,9 +214,11 @@ class IndexTwin:
         table = (idx.pages_upto(idx.match(hashes, have), have) if have else []) + state["fresh"]
         node, adopted = idx.insert("", tokens, hashes, table, n, self.now)
         idx.publish()
-        idx.pages.free(table[have:adopted] + table[n:])  # pages the tree already had, and the remainder
         idx.touch(node, self.now)
+        # The policy hears of the end before the request's spare pages go back (our scheduler's
+        # `Memory.release` and SGLang's insert hook report first too): the same budget as SGLang's.
         idx.request_ends(node, state["hit"])
+        idx.pages.free(table[have:adopted] + table[n:])  # pages the tree already had, and the remainder
         if self.hybrid:
             end = idx.node_at(idx.match(hashes))
             if end.snapshot is None:
