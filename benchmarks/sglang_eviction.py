@@ -19,6 +19,12 @@ worst ratios; K counts the sweep's configs and the three (pool, 4x pool) pairs, 
 every config at 4x its pool as well. A pool where lru makes fewer than 50 evict calls is replayed 3
 times per backend and its times are the medians (`sweep.run_config_timed`): a mean over so few calls
 is mostly noise and the first call.
+
+`--sweep --oracle --horizons` (issue #43) adds, per config where the oracle cuts lru's P99 by >= 10 %,
+the return before which any rule reaching half of that must leave lru (`sweep.lru_deadline`: a bound,
+no search), and which rules at half lose to lru at no horizon (the run stopped after an earlier
+return): the fixed ones, else those that are lru for j evict calls and then one tail share
+(`tail@q>j`); docs/eviction.md, "horizons".
 """
 
 from __future__ import annotations

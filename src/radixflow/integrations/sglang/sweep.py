@@ -43,7 +43,7 @@ def replay(twin, sessions, call_time: float, stop_after: int | None = None, stat
         t, kind, si, ci = heapq.heappop(events)
         s, c = sessions[si], sessions[si].calls[ci]
         if kind == 0:
-            before = len(twin.evict_calls)
+            before = len(twin.evict_calls) if starts is not None else 0  # (an SGLang twin's)
             st = twin.start(list(s.tokens[: c.prompt_end]), c.output_len)
             if ci > 0:
                 missed.append(c.prompt_end - st["hit"])
