@@ -281,7 +281,7 @@ def horizons(starts: list) -> tuple[list[float], list[int]]:
         hit += h
         if returning:
             bisect.insort(srt, miss)
-            p99s.append(percentile(srt, 0.99) if len(srt) > 1 else float(srt[0]))
+            p99s.append(percentile(srt, 0.99))
             hits.append(hit)
     return p99s, hits
 
