@@ -19,6 +19,12 @@ worst ratios; K counts the sweep's configs and the three (pool, 4x pool) pairs, 
 every config at 4x its pool as well. A pool where lru makes fewer than 50 evict calls is replayed 3
 times per backend and its times are the medians (`sweep.run_config_timed`): a mean over so few calls
 is mostly noise and the first call.
+
+`--sweep --oracle --horizons` (issue #43) adds, per config where the oracle cuts lru's P99 by >= 10 %,
+the return before which any rule reaching half of that must leave lru (`sweep.lru_deadline`: a bound,
+no search), and which rules at half lose to lru at no horizon (the run stopped after an earlier
+return): the fixed ones, else those that are lru for j evict calls and then one tail share
+(`tail@q>j`); docs/eviction.md, "horizons".
 """
 
 from __future__ import annotations
@@ -109,7 +115,7 @@ def within(r: dict, base: dict) -> bool:
 
 
 def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, only: list[int] | None = None,
-          backends_only: list[str] | None = None, seeds: list[int] | None = None) -> None:
+          backends_only: list[str] | None = None, seeds: list[int] | None = None, with_horizons: bool = False) -> None:
     t0 = time.perf_counter()
     cfgs = [c for sd in seeds or (0,) for c in sweep_configs(small, seed=sd)]
     if only is not None:
@@ -143,6 +149,8 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
     gains, path = {b: [] for b in others}, {b: [] for b in others}
     best: list[tuple[str, float]] = []
     halves: list[tuple[str, float, float, bool]] = []  # (config, oracle's gain, adaptive's, adaptive lost)
+    checks: list[tuple[str, dict]] = []  # --horizons: (config, sw.horizon_check) per >= 10 % oracle config
+    adaptive_horizons: list[str] = []  # --horizons: configs where the adaptive loses at a horizon
     py_call: dict[str, list[float]] = {b: [] for b in others}  # x lru@py: the same (Python) tree core
     py_path: dict[str, list[float]] = {b: [] for b in others}
     for cfg in cfgs:
@@ -201,9 +209,14 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
             if cfg["regime"] == "inside":
                 best.append((rule, gain))
             ad = res.get("radixflow-adaptive")
+            label = f"{cfg['name']} m={cfg['m']:.1f} page {cfg['page']}"
             if ad is not None and gain >= 0.10:
-                halves.append((f"{cfg['name']} m={cfg['m']:.1f} page {cfg['page']}", gain,
-                               1 - ad["p99"] / base["p99"], loses(ad, base)))
+                halves.append((label, gain, 1 - ad["p99"] / base["p99"], loses(ad, base)))
+            if with_horizons:
+                if ad is not None and sw.horizon_losses(ad, base):
+                    adaptive_horizons.append(label)
+                if gain >= 0.10:
+                    checks.append((label, horizon_report(label, cfg, res, gain)))
     pairs = 0
     if not small and not four_x and only is None and not seeds:
         print("\n## per-call eviction time at a pool and at 4x that pool (4x the agents), CPU µs (× lru); "
@@ -269,6 +282,8 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
               f"it on {len(reached)} of {len(halves)}"
               + "".join(f"\n  {'half' if h in reached else 'SHORT'}: {h[0]}: oracle {100 * h[1]:.1f} %, adaptive "
                         f"{100 * h[2]:.1f} %{' (a loss)' if h[3] else ''}" for h in halves))
+    if checks:
+        print(horizon_summary(checks, adaptive_horizons, len(cfgs), "radixflow-adaptive" in others))
     for b in others:
         if py_path[b] and b != "lru@py":
             print(f"{b}: on SGLang's Python tree core (x lru@py, medians over the {len(py_path[b])} configs): "
@@ -276,6 +291,34 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
                   f"(match + lock + "
                   f"allocate/evict + insert) {statistics.median(py_path[b]):.2f}x")
     print(f"wall {time.perf_counter() - t0:.0f} s")
+
+
+def horizon_report(label: str, cfg: dict, res: dict, gain: float) -> dict:
+    """`sw.horizon_check` on one config, printed as one line."""
+    h = sw.horizon_check(cfg, res, gain)
+
+    def rules(found: dict) -> str:
+        return ", ".join(f"{r} {len(lost)}" for r, lost in sorted(found.items(), key=lambda x: (len(x[1]), x[0]))[:4])
+
+    print(f"horizons: {label}: oracle {100 * gain:.1f} %; any rule at half leaves lru before return "
+          f"{h['deadline']} (lru's evict calls before it: {h['calls']}); fixed rules at half, horizons lost: "
+          f"{rules(h['fixed']) or 'none'}"
+          + (f"; rules switching once at half ({len(h['switch'])}), horizons lost: {rules(h['switch']) or 'none'}"
+             if not h["fixed"] or all(h["fixed"].values()) else "")
+          + f"; safe at every horizon >= {sw.HORIZON_FROM}: {h['safe'] or 'none'}", flush=True)
+    return h
+
+
+def horizon_summary(checks: list[tuple[str, dict]], adaptive_lost: list[str], k: int, with_adaptive: bool) -> str:
+    fixed = [c for c, h in checks if any(not lost for lost in h["fixed"].values())]
+    switch = [c for c, h in checks if c not in fixed and h["safe"]]
+    none = [c for c, h in checks if not h["safe"]]
+    return (f"horizons (the run stopped after return t, t >= {sw.HORIZON_FROM}): of {len(checks)} configs with an "
+            f"oracle >= 10 %, a fixed rule reaches half and loses at no horizon on {len(fixed)}, a rule that "
+            f"switches once (lru for j evict calls, then tail@q) on {len(switch)} more, neither on {len(none)}"
+            + "".join(f"\n  neither: {c}" for c in none)
+            + (f"\nradixflow-adaptive loses to lru at some horizon on {len(adaptive_lost)} of {k} configs"
+               if with_adaptive else ""))
 
 
 def main() -> None:
@@ -296,6 +339,10 @@ def main() -> None:
     ap.add_argument("--oracle", action="store_true",
                     help="with --sweep: also the tail rule at 8 cold shares, and per config the best fixed rule "
                          "of 12 that does not lose to lru")
+    ap.add_argument("--horizons", action="store_true",
+                    help="with --sweep --oracle: per config with an oracle >= 10 %%, the return before which any "
+                         "rule at half the oracle must leave lru, and which rules at half (fixed, or switching "
+                         "once from lru to a tail share) lose to lru at no horizon (the run stopped earlier)")
     ap.add_argument("--seeds", default=None,
                     help="with --sweep: the sweep's shapes drawn with these seeds instead (comma list; 0 is the "
                          "sweep's own workloads; held-out runs)")
@@ -307,6 +354,8 @@ def main() -> None:
     args = ap.parse_args()
     if (args.small or args.oracle or args.four_x or args.configs or args.backends or args.seeds) and not args.sweep:
         ap.error("--small, --oracle, --four-x, --configs, --backends and --seeds only go with --sweep")
+    if args.horizons and not args.oracle:
+        ap.error("--horizons goes with --sweep --oracle (it judges the oracle's rules)")
     if args.sweep:
         try:
             only = None if args.configs is None else [int(x) for x in args.configs.split(",") if x.strip()]
@@ -319,7 +368,7 @@ def main() -> None:
             ap.error(f"--seeds takes seeds, as 7,8,9; got {args.seeds!r}")
         try:
             sweep(small=args.small, with_oracle=args.oracle, four_x=args.four_x, only=only, backends_only=picked,
-                  seeds=seeds)
+                  seeds=seeds, with_horizons=args.horizons)
         except ValueError as e:
             ap.error(str(e))
         return

@@ -9,10 +9,13 @@ from __future__ import annotations
 from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sglang_factories import load_twins
 
 load_twins()
 
+from radixflow.core.metrics import percentile  # noqa: E402
 from radixflow.integrations.sglang import sweep  # noqa: E402
 from radixflow.integrations.sglang.adaptive import DuelRule  # noqa: E402
 from radixflow.integrations.sglang.twins import FULL  # noqa: E402
@@ -134,3 +137,88 @@ def test_few_call_pools_are_timed_over_replays_with_the_same_decisions():
         seen.clear()
         single = sweep.run_config_timed(cfg, backends, few=once["lru"]["calls"], repeats=3)
         assert len(seen) == 1 and "timing_runs" not in single["lru"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2000), min_size=1, max_size=300), st.floats(0, 2500))
+def test_lru_deadline_is_the_first_return_whose_misses_alone_fix_a_p99_above_the_target(missed, target):
+    """`lru_deadline`: from return r on, lru's misses alone (every later return missing nothing, the
+    least it can) give a P99 above the target; up to r - 1 they do not. None: lru's run reaches it."""
+    n = len(missed)
+    r = sweep.lru_deadline(missed, target)
+    if r is None:
+        assert percentile(missed, 0.99) <= target
+        return
+    assert percentile(missed[:r] + [0] * (n - r), 0.99) > target
+    assert percentile(missed[: r - 1] + [0] * (n - r + 1), 0.99) <= target
+
+
+def _run(misses: list[int], hits: list[int]) -> dict:
+    """A run as `run_config` records it: a first call of 100 hit tokens, then one return per entry."""
+    return {"starts": [(False, 100, 0, 0)] + [(True, h, m, 0) for h, m in zip(hits, misses)]}
+
+
+def test_horizon_losses_judge_the_run_stopped_after_each_return():
+    """A run that misses more than lru early and wins at the end loses at the early horizons only; one
+    that trails lru's hits by over 1 % at a horizon loses there though its P99 is lru's."""
+    n = 40
+    base = _run([100] * n, [1000] * n)
+    late = _run([300] * 20 + [0] * 20, [1000] * n)  # its P99 is 300 until its misses fall under lru's
+    assert sweep.horizon_losses(late, base, first=1) == list(range(1, 41))  # P99 over 40 returns: still 300
+    early = _run([300] + [0] * 199, [1000] * 200)
+    base200 = _run([100] * 200, [1000] * 200)
+    lost = sweep.horizon_losses(early, base200, first=1)
+    assert lost == list(range(1, lost[-1] + 1)) and lost[-1] < 200  # one big miss leaves the P99 as returns come
+    thin = _run([100] * n, [1000] * 10 + [800] + [1000] * 29)
+    # 200 behind from return 11: below 0.99 x (100 + 1000 t) while 10 t < 199, i.e. up to return 19
+    assert sweep.horizon_losses(thin, base, first=1) == list(range(11, 20))
+    assert sweep.horizon_losses(thin, base, first=15) == [15, 16, 17, 18, 19]
+    with pytest.raises(ValueError, match="different traces"):
+        sweep.horizon_losses(_run([1], [1]), base)
+
+
+def test_a_rule_that_switches_once_is_lru_until_its_call_then_the_tail_rule():
+    """`tail@q>j`: the first j evict calls are SGLang's lru (the same calls and frees as lru's), every
+    later one the tail rule; the run parts from lru's after call j."""
+    cfg = _inside()
+    _, lru_calls, lru_missed = _logged("lru@py", cfg)
+    j = 5
+    tw, calls, missed = _logged(f"tail@1.0>{j}", cfg)
+    comp = tw.cache.components[FULL]
+    assert len(lru_calls) > j and comp.lru_calls == j and comp.tail_calls == len(calls) - j
+    assert calls[:j] == lru_calls[:j]
+    _, tail_calls, tail_missed = _logged("tail@1.0", cfg)
+    assert tail_missed != missed != lru_missed
+    with pytest.raises(ValueError, match="count of lru calls"):
+        sweep.make_twin("tail@1.0>x", cfg["capacity"], cfg["page"])
+    with pytest.raises(ValueError, match="evict calls >= 0"):
+        sweep.make_twin("tail@1.0>-1", cfg["capacity"], cfg["page"])
+
+
+def test_horizon_check_finds_the_deadline_and_judges_the_rules_at_half_at_every_horizon():
+    """On an inside config where tails win: the deadline is where lru's own misses fix a P99 above half
+    the oracle's; every rule listed reaches half without a loss at the end, with the horizons it loses
+    at; the rules that switch once are tried (j up to the deadline's calls) when no fixed one is safe;
+    a rule named safe loses at no horizon."""
+    cfg = _inside()
+    res = sweep.run_config(cfg, backends=sweep.ORACLE_RULES)
+    rule, gain = sweep.oracle(res)
+    assert gain >= 0.10, rule
+    h = sweep.horizon_check(cfg, res, gain, grid=4)
+    base = res["lru"]
+    assert h["target"] == pytest.approx(base["p99"] * (1 - gain / 2))
+    assert h["deadline"] == sweep.lru_deadline(base["missed"], h["target"])
+    assert 0 < h["calls"] <= base["calls"]
+    assert rule in h["fixed"]
+    fixed_safe = [r for r, lost in h["fixed"].items() if not lost]
+    assert bool(h["switch"]) <= (not fixed_safe)
+    names = [r for r in (*h["fixed"], *h["switch"]) if r not in res]
+    runs = {**res, **(sweep.run_config(cfg, backends=tuple(names)) if names else {})}
+    for r, lost in (*h["fixed"].items(), *h["switch"].items()):
+        assert runs[r]["p99"] <= h["target"] and not sweep.loses(runs[r], base), r
+        assert lost == sweep.horizon_losses(runs[r], base), r
+    for r in h["switch"]:
+        share, after = r[len("tail@"):].split(">")
+        assert float(share) in sweep.ORACLE_SHARES and 0 < int(after) <= h["calls"]
+    assert h["safe"] is None or not (h["fixed"].get(h["safe"]) or h["switch"].get(h["safe"]))
+    assert h["safe"] is not None or all(h["fixed"].values()) and all(h["switch"].values())

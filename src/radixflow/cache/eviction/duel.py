@@ -365,16 +365,23 @@ class DuelRule:
 
 
 class FixedRule(DuelRule):
-    """One rule on every call (the oracle's fixed rules, tests): None is lru, q a tail share. Its
-    shadows still run, so what they predict can be set beside what the real cache did."""
+    """One rule on every call (the oracle's fixed rules, tests): None is lru, q a tail share; with
+    `after` > 0, lru on the first `after` evict calls and q from then on (a rule that switches once,
+    issue #43's horizons). Its shadows still run, so what they predict can be set beside what the
+    real cache did."""
 
-    def __init__(self, q: float | None) -> None:
+    def __init__(self, q: float | None, after: int = 0) -> None:
         super().__init__()
+        if after < 0:
+            raise ValueError(f"after must be a count of evict calls >= 0, got {after}")
         self.q = q
+        self.after = after
+        self.asked = 0
 
     def decide(self) -> float | None:
-        self.mode = self.q
-        return self.q
+        self.asked += 1
+        self.mode = self.q if self.asked > self.after else None
+        return self.mode
 
 
 def water_level(depths, need: int, unit: int) -> int:

@@ -31,13 +31,14 @@ from radixflow.cache.eviction.duel import (  # noqa: F401  (Shadow, water_level:
 from radixflow.cache.eviction.kept import ColdOrder, RecencyHeap
 from radixflow.integrations.sglang.backend import FULL, RadixflowFullComponent, SGLangTreeView
 
-_FORCED: list = []  # cold shares (None: lru) that caches built now hold on every call; the last counts
+_FORCED: list = []  # (cold share or None for lru, lru calls first) that caches built now hold; the last counts
 
 
 @contextlib.contextmanager
-def forced(q: float | None):
-    """Caches built inside run a `FixedRule(q)` instead of the duel (the sweep's oracle, tests)."""
-    _FORCED.append(q)
+def forced(q: float | None, after: int = 0):
+    """Caches built inside run a `FixedRule(q, after)` instead of the duel (the sweep's oracle, tests):
+    q on every evict call, or from call `after` + 1 on, lru before."""
+    _FORCED.append((q, after))
     try:
         yield
     finally:
@@ -56,7 +57,7 @@ class DuelFullComponent(RadixflowFullComponent):
         super().__init__(cache, params)
         alloc = params.token_to_kv_pool_allocator
         self.alloc = getattr(alloc, "full_attn_allocator", alloc)
-        self.rule = FixedRule(_FORCED[-1]) if _FORCED else DuelRule()
+        self.rule = FixedRule(*_FORCED[-1]) if _FORCED else DuelRule()
         self.evidence = Evidence(self.rule)
         self.q: float | None = None
         self._sglang_lru = False  # this call is SGLang's own walk (a tree the component cannot cut itself)

@@ -10,6 +10,7 @@ here). Multi-turn chat, and a shared-prefix document mix (readers re-reading lon
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
 import random
@@ -31,9 +32,10 @@ ORACLE_RULES = ("lru", *(f"tail@{q}" for q in ORACLE_SHARES), "radixflow-rr-tail
 
 
 def replay(twin, sessions, call_time: float, stop_after: int | None = None, stats: dict | None = None,
-           check: bool = False):
+           check: bool = False, starts: list | None = None):
     """Missed prompt tokens of every returning call, in call order. `stats` gets `hit` (hit tokens of
-    all calls); `check`: SGLang's sanity check and the pool ledger after every start and finish."""
+    all calls); `check`: SGLang's sanity check and the pool ledger after every start and finish;
+    `starts` gets, per call in start order, (a return?, hit, missed, evict calls made before it)."""
     events = [(s.calls[0].delay, 0, i, 0) for i, s in enumerate(sessions)]  # (time, kind 0=start 1=end, s, c)
     heapq.heapify(events)
     running, missed, done, hit = {}, [], 0, 0
@@ -41,10 +43,13 @@ def replay(twin, sessions, call_time: float, stop_after: int | None = None, stat
         t, kind, si, ci = heapq.heappop(events)
         s, c = sessions[si], sessions[si].calls[ci]
         if kind == 0:
+            before = len(twin.evict_calls) if starts is not None else 0  # (an SGLang twin's)
             st = twin.start(list(s.tokens[: c.prompt_end]), c.output_len)
             if ci > 0:
                 missed.append(c.prompt_end - st["hit"])
             hit += st["hit"]
+            if starts is not None:
+                starts.append((ci > 0, st["hit"], c.prompt_end - st["hit"], before))
             if check:
                 twin.check()
             running[(si, ci)] = st
@@ -166,9 +171,10 @@ def run_config(cfg: dict, backends=SG_SWEEP, check: bool = False) -> dict:
         tw = make_twin(b, cfg["capacity"], cfg["page"])
         gc.collect()
         st: dict = {}
+        starts: list = []
         gc.disable()  # a collection would land on whichever timed call crossed its threshold (as cost.py)
         try:
-            missed = replay(tw, cfg["sessions"], 1.0, stats=st, check=check)
+            missed = replay(tw, cfg["sessions"], 1.0, stats=st, check=check, starts=starts)
         finally:
             gc.enable()
         comp = tw.cache.components[FULL]
@@ -176,7 +182,8 @@ def run_config(cfg: dict, backends=SG_SWEEP, check: bool = False) -> dict:
                   "calls": len(tw.evict_calls), "total": sum(tw.evict_calls),
                   "per_call": statistics.mean(tw.evict_calls) if tw.evict_calls else 0.0,
                   "per_request": tw.request_cpu / max(1, tw.requests),
-                  "tail_calls": getattr(comp, "tail_calls", None), "lru_calls": getattr(comp, "lru_calls", None)}
+                  "tail_calls": getattr(comp, "tail_calls", None), "lru_calls": getattr(comp, "lru_calls", None),
+                  "starts": starts}
     return res
 
 
@@ -205,16 +212,19 @@ def run_config_timed(cfg: dict, backends=SG_SWEEP, few: int = FEW_CALLS, repeats
 
 
 def make_twin(backend: str, capacity: int, page: int) -> SGLangTwin:
-    """SGLang's cache under `backend`: a name of SG_SWEEP, or `tail@q` (the adaptive backend held on
-    the tail rule at cold share q on every evict call)."""
+    """SGLang's cache under `backend`: a name of SG_SWEEP, `tail@q` (the adaptive backend held on
+    the tail rule at cold share q on every evict call) or `tail@q>j` (lru on the first j evict calls,
+    then the tail rule at q: a rule that switches once)."""
     if backend.startswith("tail@"):
         from radixflow.integrations.sglang import adaptive  # after twins.py's CPU shim
 
+        share, _, after = backend[len("tail@"):].partition(">")
         try:
-            q = float(backend[len("tail@"):])
+            q, j = float(share), int(after or 0)
         except ValueError:
-            raise ValueError(f"bad rule {backend!r}: tail@q takes a cold share in (0, 1]") from None
-        with adaptive.forced(q):
+            raise ValueError(f"bad rule {backend!r}: tail@q takes a cold share in (0, 1], tail@q>j also a "
+                             f"count of lru calls first") from None
+        with adaptive.forced(q, j):
             return SGLangTwin("radixflow-adaptive", capacity, page, small_kv=True)
     if backend.endswith("@py"):
         return SGLangTwin(backend[:-len("@py")], capacity, page, small_kv=True, core="python")
@@ -256,3 +266,84 @@ def loses(r: dict, base: dict) -> bool:
     return r["p99"] > base["p99"] * 1.02 or r["hit"] < base["hit"] * 0.99
 
 
+# ------------------------------------------------------------------ horizons (issue #43)
+# The no-loss line and the oracle are judged where the run ends. A horizon t is the same run stopped
+# after its t-th return (the same requests, the same decisions up to there: the replay is open, so a
+# rule's run on a shorter trace is the start of its run on this one).
+HORIZON_FROM = 16  # returns: horizons judged from this one on (a P99 over fewer is one or two misses)
+
+
+def horizons(starts: list) -> tuple[list[float], list[int]]:
+    """Per horizon t = 1..returns: the P99 missed over returns 1..t, and the hit tokens of every call
+    started up to return t (`run_config`'s `starts`)."""
+    p99s, hits, srt, hit = [], [], [], 0
+    for returning, h, miss, _ in starts:
+        hit += h
+        if returning:
+            bisect.insort(srt, miss)
+            p99s.append(percentile(srt, 0.99))
+            hits.append(hit)
+    return p99s, hits
+
+
+def horizon_losses(r: dict, base: dict, first: int = HORIZON_FROM) -> list[int]:
+    """The horizons t >= `first` (returns) at which `r`'s run, stopped there, loses to `base`'s (as
+    `loses`: P99 missed above base x 1.02 or hit tokens below base x 0.99)."""
+    p, h = horizons(r["starts"])
+    bp, bh = horizons(base["starts"])
+    if len(p) != len(bp):
+        raise ValueError(f"runs of different traces: {len(p)} and {len(bp)} returns")
+    return [t for t in range(first, len(p) + 1)
+            if p[t - 1] > bp[t - 1] * 1.02 or h[t - 1] < bh[t - 1] * 0.99]
+
+
+def lru_deadline(missed: list[int], target: float) -> int | None:
+    """The first return r such that any run whose returns 1..r miss what `missed` (lru's) does has a
+    P99 above `target`, whatever the later returns miss (>= 0): a rule that reaches `target` must
+    decide otherwise than lru at an evict call before return r. None: lru's own run reaches it."""
+    n = len(missed)
+    srt = [0] * n  # returns after r counted as missing nothing: the lowest P99 such a run can have
+    for r, miss in enumerate(missed, 1):
+        del srt[0]
+        bisect.insort(srt, miss)
+        if percentile(srt, 0.99) > target:
+            return r
+    return None
+
+
+def evict_calls_before(starts: list, r: int) -> int:
+    """lru's evict calls made before its return `r` started (`starts` of its run)."""
+    seen = 0
+    for returning, _, _, before in starts:
+        seen += returning
+        if seen == r:
+            return before
+    raise ValueError(f"the run has {seen} returns, not {r}")
+
+
+def horizon_check(cfg: dict, res: dict, gain: float, grid: int = 12) -> dict:
+    """For a config whose oracle cuts lru's P99 by `gain` (`res`: run_config's runs, lru and the
+    oracle's rules among them): the return before which any rule reaching half of that must leave lru
+    (`deadline`, and lru's evict calls before it, `calls`); the fixed rules at half without a loss at
+    the end, each with its horizon losses (`fixed`); and when none of those is free of them, the rules
+    that switch once (`tail@q>j`: lru for j calls, then q; j on a grid of about `grid` steps up to
+    `calls`, q the oracle's shares) at half without a loss at the end, each with its horizon losses
+    (`switch`). `safe`: a rule at half that loses at no horizon >= HORIZON_FROM (None: none)."""
+    base = res["lru"]
+    target = base["p99"] * (1 - gain / 2)
+    deadline = lru_deadline(base["missed"], target)
+    calls = evict_calls_before(base["starts"], deadline) if deadline else base["calls"]
+
+    def at_half(runs: dict) -> dict:
+        return {rule: horizon_losses(r, base) for rule, r in runs.items()
+                if rule != "lru" and r["p99"] <= target and not loses(r, base)}
+
+    fixed = at_half({rule: res[rule] for rule in ORACLE_RULES if rule in res})
+    safe = next((rule for rule, lost in fixed.items() if not lost), None)
+    switch: dict = {}
+    if safe is None:
+        step = max(1, calls // grid)
+        names = [f"tail@{q}>{j}" for j in range(step, calls + 1, step) for q in ORACLE_SHARES]
+        switch = at_half(run_config(cfg, tuple(names)))
+        safe = next((rule for rule, lost in switch.items() if not lost), None)
+    return {"target": target, "deadline": deadline, "calls": calls, "fixed": fixed, "switch": switch, "safe": safe}
