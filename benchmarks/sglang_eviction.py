@@ -24,7 +24,9 @@ is mostly noise and the first call.
 the return before which any rule reaching half of that must leave lru (`sweep.lru_deadline`: a bound,
 no search), and which rules at half lose to lru at no horizon (the run stopped after an earlier
 return): the fixed ones, else those that are lru for j evict calls and then one tail share
-(`tail@q>j`); docs/eviction.md, "horizons".
+(`tail@q>j`); docs/eviction.md, "horizons". `--sweep --single-calls` runs, per config, lru with one
+evict call made the tail rule's (`tail@q>j+1`, q = 1/8 and 7/8, ten calls spread over the run): how far a
+single non-lru decision moves the run against lru's, and how often it alone is a loss.
 """
 
 from __future__ import annotations
@@ -115,7 +117,8 @@ def within(r: dict, base: dict) -> bool:
 
 
 def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, only: list[int] | None = None,
-          backends_only: list[str] | None = None, seeds: list[int] | None = None, with_horizons: bool = False) -> None:
+          backends_only: list[str] | None = None, seeds: list[int] | None = None, with_horizons: bool = False,
+          with_single: bool = False) -> None:
     t0 = time.perf_counter()
     cfgs = [c for sd in seeds or (0,) for c in sweep_configs(small, seed=sd)]
     if only is not None:
@@ -151,6 +154,7 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
     halves: list[tuple[str, float, float, bool]] = []  # (config, oracle's gain, adaptive's, adaptive lost)
     checks: list[tuple[str, dict]] = []  # --horizons: (config, sw.horizon_check) per >= 10 % oracle config
     adaptive_horizons: list[str] = []  # --horizons: configs where the adaptive loses at a horizon
+    singles: list[tuple[str, list[tuple[float, bool, float, float]]]] = []  # --single-calls, per config
     py_call: dict[str, list[float]] = {b: [] for b in others}  # x lru@py: the same (Python) tree core
     py_path: dict[str, list[float]] = {b: [] for b in others}
     for cfg in cfgs:
@@ -193,6 +197,8 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
                   f"{_x(r['per_call'], base['per_call'])} | "
                   f"{_x(r['total'], base['total'])} | {_x(r['per_request'], base['per_request'])} | "
                   f"{'LOSS' if bad else ''} |{four}", flush=True)
+        if with_single:
+            singles.append((f"{cfg['name']} m={cfg['m']:.1f} page {cfg['page']}", single_report(cfg, base)))
         if cfg["regime"] == "inside" and base["p99"]:
             for b in others:
                 gains[b].append(1 - res[b]["p99"] / base["p99"])
@@ -282,6 +288,8 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
               f"it on {len(reached)} of {len(halves)}"
               + "".join(f"\n  {'half' if h in reached else 'SHORT'}: {h[0]}: oracle {100 * h[1]:.1f} %, adaptive "
                         f"{100 * h[2]:.1f} %{' (a loss)' if h[3] else ''}" for h in halves))
+    if singles:
+        print(single_summary(singles))
     if checks:
         print(horizon_summary(checks, adaptive_horizons, len(cfgs), "radixflow-adaptive" in others))
     for b in others:
@@ -321,6 +329,34 @@ def horizon_summary(checks: list[tuple[str, dict]], adaptive_lost: list[str], k:
                if with_adaptive else ""))
 
 
+def single_report(cfg: dict, base: dict) -> list[tuple[float, bool, float, float]]:
+    """`sw.single_calls` on one config, one line: per run (share, loses, hit change, P99 change)."""
+    runs = sw.single_calls(cfg, base)
+    out = [(float(rule[len("tail@"):].split(">")[0]), loses(r, base), r["hit"] / base["hit"] - 1,
+            r["p99"] / base["p99"] - 1 if base["p99"] else 0.0) for rule, r in runs.items()]
+    if out:
+        print(f"single calls: {cfg['name']} m={cfg['m']:.1f} page {cfg['page']}: "
+              + "; ".join(f"q = {q}: hits {100 * min(h for s, _, h, _ in out if s == q):+.2f} .. "
+                          f"{100 * max(h for s, _, h, _ in out if s == q):+.2f} %, P99 "
+                          f"{100 * min(p for s, _, _, p in out if s == q):+.1f} .. "
+                          f"{100 * max(p for s, _, _, p in out if s == q):+.1f} %, "
+                          f"{sum(lost for s, lost, _, _ in out if s == q)} of {sum(1 for s, *_ in out if s == q)} lose"
+                          for q in sw.SINGLE_SHARES), flush=True)
+    return out
+
+
+def single_summary(singles: list) -> str:
+    done = [(c, out) for c, out in singles if out]
+    lines = [f"single calls (lru on every evict call but one, which is the tail rule at q; 10 such calls spread "
+             f"over lru's, per config where lru makes >= 10): {len(done)} configs"]
+    for q in sw.SINGLE_SHARES:
+        runs = [(c, lost) for c, out in done for s, lost, _, _ in out if s == q]
+        cfgs = {c for c, lost in runs if lost}
+        lines.append(f"  q = {q}: one such call loses to lru in {sum(lost for _, lost in runs)} of {len(runs)} runs, "
+                     f"on {len(cfgs)} of {len(done)} configs")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--agents", type=int, default=32)
@@ -343,6 +379,10 @@ def main() -> None:
                     help="with --sweep --oracle: per config with an oracle >= 10 %%, the return before which any "
                          "rule at half the oracle must leave lru, and which rules at half (fixed, or switching "
                          "once from lru to a tail share) lose to lru at no horizon (the run stopped earlier)")
+    ap.add_argument("--single-calls", action="store_true",
+                    help="with --sweep: per config, runs that are lru on every evict call but one, which is the "
+                         "tail rule at q = 1/8 or 7/8 (10 such calls spread over lru's): how far one non-lru "
+                         "decision moves hits and P99 against lru's, and how often it alone loses")
     ap.add_argument("--seeds", default=None,
                     help="with --sweep: the sweep's shapes drawn with these seeds instead (comma list; 0 is the "
                          "sweep's own workloads; held-out runs)")
@@ -352,8 +392,9 @@ def main() -> None:
     ap.add_argument("--backends", default=None,
                     help="with --sweep: only these backends (comma list; lru is always run, as the baseline)")
     args = ap.parse_args()
-    if (args.small or args.oracle or args.four_x or args.configs or args.backends or args.seeds) and not args.sweep:
-        ap.error("--small, --oracle, --four-x, --configs, --backends and --seeds only go with --sweep")
+    if (args.small or args.oracle or args.four_x or args.configs or args.backends or args.seeds
+            or args.single_calls) and not args.sweep:
+        ap.error("--small, --oracle, --four-x, --configs, --backends, --seeds and --single-calls only go with --sweep")
     if args.horizons and not args.oracle:
         ap.error("--horizons goes with --sweep --oracle (it judges the oracle's rules)")
     if args.sweep:
@@ -368,7 +409,7 @@ def main() -> None:
             ap.error(f"--seeds takes seeds, as 7,8,9; got {args.seeds!r}")
         try:
             sweep(small=args.small, with_oracle=args.oracle, four_x=args.four_x, only=only, backends_only=picked,
-                  seeds=seeds, with_horizons=args.horizons)
+                  seeds=seeds, with_horizons=args.horizons, with_single=args.single_calls)
         except ValueError as e:
             ap.error(str(e))
         return

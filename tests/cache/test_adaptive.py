@@ -10,7 +10,7 @@ import pytest
 
 from radixflow.cache.eviction import LRU, get_eviction
 from radixflow.cache.eviction.adaptive import Adaptive
-from radixflow.cache.eviction.duel import DuelRule
+from radixflow.cache.eviction.duel import DuelRule, FixedRule
 from radixflow.cache.pool import IdPool
 from radixflow.cache.radix import RadixIndex, chain_hashes
 
@@ -141,3 +141,22 @@ def test_a_trajectory_keys_tokens_are_equal_exactly_when_the_tokens_are():
     rule.observe(("", 0, token_tag(toks)), 0, 100, 0, 10**6)
     rule.observe(("", 0, token_tag(tuple(toks))), 0, 132, 100, 10**6)
     assert rule.returns == 1 and len(rule.seen) == 1
+
+
+@pytest.mark.parametrize("after,span,want", [
+    (0, None, [0.5] * 6),  # the share on every call (the oracle's fixed rules)
+    (2, None, [None, None, 0.5, 0.5, 0.5, 0.5]),  # switches once, after two lru calls
+    (2, 1, [None, None, 0.5, None, None, None]),  # one non-lru call, the third
+    (0, 2, [0.5, 0.5, None, None, None, None]),
+])
+def test_fixed_rule_holds_its_share_on_the_calls_it_names(after, span, want):
+    rule = FixedRule(0.5, after, span)
+    got = [rule.decide() for _ in want]
+    assert got == want and rule.mode == want[-1]
+
+
+def test_fixed_rule_rejects_negative_and_empty_spans():
+    with pytest.raises(ValueError, match="after must be"):
+        FixedRule(0.5, -1)
+    with pytest.raises(ValueError, match="span must be"):
+        FixedRule(0.5, 0, 0)

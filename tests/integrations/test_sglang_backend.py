@@ -97,7 +97,7 @@ def test_locked_and_in_flight_requests_are_never_evicted(backend, components, pa
     adaptive backend with its evidence bypassed: tail cuts on every call.)"""
     from radixflow.integrations.sglang import adaptive
 
-    monkeypatch.setattr(adaptive, "_FORCED", [(1.0, 0)])  # the tail rule on every call (adaptive.forced)
+    monkeypatch.setattr(adaptive, "_FORCED", [(1.0, 0, None)])  # the tail rule on every call (adaptive.forced)
     sg = twins.SGLangTwin(backend, 1024, page, components, max_reqs=64, mamba_slots=64)
     idle = [[50 + h] * page + [100 * (h + 1) + i for i in range(64 * page // 4)] for h in range(4)]
     held = [9] * page + list(range(5000, 5000 + 64))

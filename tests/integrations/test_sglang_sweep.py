@@ -222,3 +222,25 @@ def test_horizon_check_finds_the_deadline_and_judges_the_rules_at_half_at_every_
         assert float(share) in sweep.ORACLE_SHARES and 0 < int(after) <= h["calls"]
     assert h["safe"] is None or not (h["fixed"].get(h["safe"]) or h["switch"].get(h["safe"]))
     assert h["safe"] is not None or all(h["fixed"].values()) and all(h["switch"].values())
+
+
+def test_one_non_lru_call_is_lru_on_every_other_call():
+    """`tail@q>j+1`: the (j+1)-th evict call is the tail rule's, every other one SGLang's lru; the
+    calls before it are lru's own, and `single_calls` spreads such runs over lru's calls."""
+    cfg = _inside()
+    _, lru_calls, lru_missed = _logged("lru@py", cfg)
+    j = 4
+    tw, calls, missed = _logged(f"tail@1.0>{j}+1", cfg)
+    comp = tw.cache.components[FULL]
+    assert comp.tail_calls == 1 and comp.lru_calls == len(calls) - 1
+    assert calls[:j] == lru_calls[:j] and missed != lru_missed
+    base = sweep.run_config(cfg, backends=("lru",))["lru"]
+    runs = sweep.single_calls(cfg, base, shares=(0.5,), k=3)
+    n = base["calls"]
+    assert sorted(runs) == sorted({f"tail@0.5>{j}+1" for j in (0, (n - 1) // 2, n - 1)})
+    assert all(r["tail_calls"] == 1 for r in runs.values())
+    assert sweep.single_calls(cfg, base, k=n + 1) == {}
+    with pytest.raises(ValueError, match="count of calls of the share"):
+        sweep.make_twin("tail@1.0>2+x", cfg["capacity"], cfg["page"])
+    with pytest.raises(ValueError, match="span must be"):
+        sweep.make_twin("tail@1.0>2+0", cfg["capacity"], cfg["page"])

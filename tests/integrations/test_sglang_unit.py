@@ -30,7 +30,7 @@ def _adaptive_tails(request, monkeypatch):
     if callspec is not None and "adaptive-tails" in callspec.id:
         from radixflow.integrations.sglang import adaptive
 
-        monkeypatch.setattr(adaptive, "_FORCED", [(1.0, 0)])  # the tail rule on every call (adaptive.forced)
+        monkeypatch.setattr(adaptive, "_FORCED", [(1.0, 0, None)])  # the tail rule on every call (adaptive.forced)
 TREES = [pytest.param((FULL,), {}, id="full"), pytest.param((FULL, MAMBA), {}, id="mamba"),
          pytest.param((FULL, SWA), {"sliding_window": 4}, id="swa")]
 

@@ -367,20 +367,25 @@ class DuelRule:
 class FixedRule(DuelRule):
     """One rule on every call (the oracle's fixed rules, tests): None is lru, q a tail share; with
     `after` > 0, lru on the first `after` evict calls and q from then on (a rule that switches once,
-    issue #43's horizons). Its shadows still run, so what they predict can be set beside what the
-    real cache did."""
+    issue #43's horizons); with `span`, q on `span` calls only and lru again after them (one non-lru
+    call: `span` 1). Its shadows still run, so what they predict can be set beside what the real
+    cache did."""
 
-    def __init__(self, q: float | None, after: int = 0) -> None:
+    def __init__(self, q: float | None, after: int = 0, span: int | None = None) -> None:
         super().__init__()
         if after < 0:
             raise ValueError(f"after must be a count of evict calls >= 0, got {after}")
+        if span is not None and span < 1:
+            raise ValueError(f"span must be a count of evict calls >= 1, got {span}")
         self.q = q
         self.after = after
+        self.end = None if span is None else after + span
         self.asked = 0
 
     def decide(self) -> float | None:
         self.asked += 1
-        self.mode = self.q if self.asked > self.after else None
+        on = self.asked > self.after and (self.end is None or self.asked <= self.end)
+        self.mode = self.q if on else None
         return self.mode
 
 

@@ -31,14 +31,14 @@ from radixflow.cache.eviction.duel import (  # noqa: F401  (Shadow, water_level:
 from radixflow.cache.eviction.kept import ColdOrder, RecencyHeap
 from radixflow.integrations.sglang.backend import FULL, RadixflowFullComponent, SGLangTreeView
 
-_FORCED: list = []  # (cold share or None for lru, lru calls first) that caches built now hold; the last counts
+_FORCED: list = []  # FixedRule's (share or None for lru, lru calls first, calls of the share) for caches built now
 
 
 @contextlib.contextmanager
-def forced(q: float | None, after: int = 0):
-    """Caches built inside run a `FixedRule(q, after)` instead of the duel (the sweep's oracle, tests):
-    q on every evict call, or from call `after` + 1 on, lru before."""
-    _FORCED.append((q, after))
+def forced(q: float | None, after: int = 0, span: int | None = None):
+    """Caches built inside run a `FixedRule(q, after, span)` instead of the duel (the sweep's oracle,
+    tests): q on every evict call, or from call `after` + 1 on (on `span` calls, if given), lru else."""
+    _FORCED.append((q, after, span))
     try:
         yield
     finally:

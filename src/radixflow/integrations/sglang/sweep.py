@@ -213,18 +213,20 @@ def run_config_timed(cfg: dict, backends=SG_SWEEP, few: int = FEW_CALLS, repeats
 
 def make_twin(backend: str, capacity: int, page: int) -> SGLangTwin:
     """SGLang's cache under `backend`: a name of SG_SWEEP, `tail@q` (the adaptive backend held on
-    the tail rule at cold share q on every evict call) or `tail@q>j` (lru on the first j evict calls,
-    then the tail rule at q: a rule that switches once)."""
+    the tail rule at cold share q on every evict call), `tail@q>j` (lru on the first j evict calls,
+    then the tail rule at q: a rule that switches once) or `tail@q>j+n` (the tail rule on n calls
+    after the first j, lru on every other: `+1` is one non-lru decision)."""
     if backend.startswith("tail@"):
         from radixflow.integrations.sglang import adaptive  # after twins.py's CPU shim
 
-        share, _, after = backend[len("tail@"):].partition(">")
+        share, _, when = backend[len("tail@"):].partition(">")
+        after, plus, span = when.partition("+")
         try:
-            q, j = float(share), int(after or 0)
+            q, j, n = float(share), int(after or 0), int(span) if plus else None
         except ValueError:
             raise ValueError(f"bad rule {backend!r}: tail@q takes a cold share in (0, 1], tail@q>j also a "
-                             f"count of lru calls first") from None
-        with adaptive.forced(q, j):
+                             f"count of lru calls first, tail@q>j+n a count of calls of the share") from None
+        with adaptive.forced(q, j, n):
             return SGLangTwin("radixflow-adaptive", capacity, page, small_kv=True)
     if backend.endswith("@py"):
         return SGLangTwin(backend[:-len("@py")], capacity, page, small_kv=True, core="python")
@@ -347,3 +349,17 @@ def horizon_check(cfg: dict, res: dict, gain: float, grid: int = 12) -> dict:
         switch = at_half(run_config(cfg, tuple(names)))
         safe = next((rule for rule, lost in switch.items() if not lost), None)
     return {"target": target, "deadline": deadline, "calls": calls, "fixed": fixed, "switch": switch, "safe": safe}
+
+
+SINGLE_SHARES = (0.125, 0.875)  # the mildest tail share, and the oracle's most frequent one
+
+
+def single_calls(cfg: dict, base: dict, shares=SINGLE_SHARES, k: int = 10) -> dict:
+    """One non-lru decision: runs `tail@q>j+1` (lru on every evict call but the (j+1)-th, which cuts
+    at share q) for j at k points spread over lru's evict calls (`base`: lru's run), each share.
+    Rule -> run_config's figures (empty when lru makes fewer than k calls)."""
+    n = base["calls"]
+    if n < k:
+        return {}
+    js = sorted({(n - 1) * i // max(1, k - 1) for i in range(k)})
+    return run_config(cfg, tuple(f"tail@{q}>{j}+1" for q in shares for j in js))
