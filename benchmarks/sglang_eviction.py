@@ -26,7 +26,9 @@ no search), and which rules at half lose to lru at no horizon (the run stopped a
 return): the fixed ones, else those that are lru for j evict calls and then one tail share
 (`tail@q>j`); docs/eviction.md, "horizons". `--sweep --single-calls` runs, per config, lru with one
 evict call made the tail rule's (`tail@q>j+1`, q = 1/8 and 7/8, ten calls spread over the run): how far a
-single non-lru decision moves the run against lru's, and how often it alone is a loss.
+single non-lru decision moves the run against lru's, and how often it alone is a loss. `--sweep
+--oracle --transfer 7,8,9` runs each config's oracle rule (>= 10 %) on the same shape's nearest pool in
+those seeds.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def within(r: dict, base: dict) -> bool:
 
 def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, only: list[int] | None = None,
           backends_only: list[str] | None = None, seeds: list[int] | None = None, with_horizons: bool = False,
-          with_single: bool = False) -> None:
+          with_single: bool = False, transfer: list[int] | None = None) -> None:
     t0 = time.perf_counter()
     cfgs = [c for sd in seeds or (0,) for c in sweep_configs(small, seed=sd)]
     if only is not None:
@@ -155,6 +157,8 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
     checks: list[tuple[str, dict]] = []  # --horizons: (config, sw.horizon_check) per >= 10 % oracle config
     adaptive_horizons: list[str] = []  # --horizons: configs where the adaptive loses at a horizon
     singles: list[tuple[str, list[tuple[float, bool, float, float]]]] = []  # --single-calls, per config
+    moved: list[tuple[str, str, list[bool]]] = []  # --transfer: (config, oracle's rule, lost per other seed)
+    others_by_seed = {sd: sweep_configs(small, seed=sd) for sd in transfer or ()}
     py_call: dict[str, list[float]] = {b: [] for b in others}  # x lru@py: the same (Python) tree core
     py_path: dict[str, list[float]] = {b: [] for b in others}
     for cfg in cfgs:
@@ -218,6 +222,8 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
             label = f"{cfg['name']} m={cfg['m']:.1f} page {cfg['page']}"
             if ad is not None and gain >= 0.10:
                 halves.append((label, gain, 1 - ad["p99"] / base["p99"], loses(ad, base)))
+            if transfer and gain >= 0.10:
+                moved.append((label, rule, transfer_report(label, cfg, rule, others_by_seed)))
             if with_horizons:
                 if ad is not None and sw.horizon_losses(ad, base):
                     adaptive_horizons.append(label)
@@ -290,6 +296,11 @@ def sweep(small: bool = False, with_oracle: bool = False, four_x: bool = False, 
                         f"{100 * h[2]:.1f} %{' (a loss)' if h[3] else ''}" for h in halves))
     if singles:
         print(single_summary(singles))
+    if moved:
+        runs = [lost for _, _, lost in moved for lost in lost]
+        print(f"oracle's rules on the same shape in seeds {','.join(map(str, transfer or ()))} (the pool nearest "
+              f"each config's): {sum(runs)} of {len(runs)} runs lose to lru; on {sum(any(x) for *_, x in moved)} "
+              f"of {len(moved)} configs with an oracle >= 10 % at least one does")
     if checks:
         print(horizon_summary(checks, adaptive_horizons, len(cfgs), "radixflow-adaptive" in others))
     for b in others:
@@ -327,6 +338,22 @@ def horizon_summary(checks: list[tuple[str, dict]], adaptive_lost: list[str], k:
             + "".join(f"\n  neither: {c}" for c in none)
             + (f"\nradixflow-adaptive loses to lru at some horizon on {len(adaptive_lost)} of {k} configs"
                if with_adaptive else ""))
+
+
+def transfer_report(label: str, cfg: dict, rule: str, others_by_seed: dict) -> list[bool]:
+    """The oracle's rule of `cfg` on the same shape and nearest pool in each other seed: lost per seed."""
+    lost, parts = [], []
+    for sd, others in others_by_seed.items():
+        other = sw.same_shape(cfg, others)
+        if other is None:
+            continue
+        res = sw.run_config(other, ("lru", rule))
+        b, r = res["lru"], res[rule]
+        lost.append(loses(r, b))
+        parts.append(f"seed {sd} m={other['m']:.1f}: P99 {100 * (r['p99'] / b['p99'] - 1) if b['p99'] else 0:+.1f} %, "
+                     f"hits {100 * (r['hit'] / b['hit'] - 1):+.2f} %{' LOSS' if lost[-1] else ''}")
+    print(f"transfer: {label}: {rule}: " + "; ".join(parts), flush=True)
+    return lost
 
 
 def single_report(cfg: dict, base: dict) -> list[tuple[float, bool, float, float]]:
@@ -383,6 +410,9 @@ def main() -> None:
                     help="with --sweep: per config, runs that are lru on every evict call but one, which is the "
                          "tail rule at q = 1/8 or 7/8 (10 such calls spread over lru's): how far one non-lru "
                          "decision moves hits and P99 against lru's, and how often it alone loses")
+    ap.add_argument("--transfer", default=None,
+                    help="with --sweep --oracle: each config's oracle rule (where it gains >= 10 %%) run on the "
+                         "same shape's nearest pool in these seeds (comma list): does the choice hold there?")
     ap.add_argument("--seeds", default=None,
                     help="with --sweep: the sweep's shapes drawn with these seeds instead (comma list; 0 is the "
                          "sweep's own workloads; held-out runs)")
@@ -395,8 +425,8 @@ def main() -> None:
     if (args.small or args.oracle or args.four_x or args.configs or args.backends or args.seeds
             or args.single_calls) and not args.sweep:
         ap.error("--small, --oracle, --four-x, --configs, --backends, --seeds and --single-calls only go with --sweep")
-    if args.horizons and not args.oracle:
-        ap.error("--horizons goes with --sweep --oracle (it judges the oracle's rules)")
+    if (args.horizons or args.transfer) and not args.oracle:
+        ap.error("--horizons and --transfer go with --sweep --oracle (they judge the oracle's rules)")
     if args.sweep:
         try:
             only = None if args.configs is None else [int(x) for x in args.configs.split(",") if x.strip()]
@@ -408,8 +438,13 @@ def main() -> None:
         except ValueError:
             ap.error(f"--seeds takes seeds, as 7,8,9; got {args.seeds!r}")
         try:
+            transfer = None if args.transfer is None else [int(x) for x in args.transfer.split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--transfer takes seeds, as 7,8,9; got {args.transfer!r}")
+        try:
             sweep(small=args.small, with_oracle=args.oracle, four_x=args.four_x, only=only, backends_only=picked,
-                  seeds=seeds, with_horizons=args.horizons, with_single=args.single_calls)
+                  seeds=seeds, with_horizons=args.horizons, with_single=args.single_calls,
+                  transfer=transfer)
         except ValueError as e:
             ap.error(str(e))
         return

@@ -244,3 +244,15 @@ def test_one_non_lru_call_is_lru_on_every_other_call():
         sweep.make_twin("tail@1.0>2+x", cfg["capacity"], cfg["page"])
     with pytest.raises(ValueError, match="span must be"):
         sweep.make_twin("tail@1.0>2+0", cfg["capacity"], cfg["page"])
+
+
+def test_same_shape_is_the_nearest_pool_of_the_same_workload_page_and_regime():
+    cfg = {"name": "agentic n=16 s=0.75", "page": 16, "regime": "inside", "m": 13.6}
+    others = [{"name": "agentic n=16 s=0.75 seed 7", "page": 16, "regime": "inside", "m": m} for m in (11.9, 12.0)]
+    others += [{"name": "agentic n=16 s=0.75 seed 7", "page": 1, "regime": "inside", "m": 13.6},
+               {"name": "agentic n=16 s=0.75 seed 7", "page": 16, "regime": "above", "m": 13.6},
+               {"name": "agentic n=16 s=0.9 seed 7", "page": 16, "regime": "inside", "m": 13.6}]
+    assert sweep.same_shape(cfg, others)["m"] == 12.0
+    assert sweep.same_shape(cfg, others[2:]) is None
+    real = sweep.sweep_configs(small=True)
+    assert sweep.same_shape(real[0], sweep.sweep_configs(small=True, seed=3))["name"].startswith(real[0]["name"])

@@ -363,3 +363,12 @@ def single_calls(cfg: dict, base: dict, shares=SINGLE_SHARES, k: int = 10) -> di
         return {}
     js = sorted({(n - 1) * i // max(1, k - 1) for i in range(k)})
     return run_config(cfg, tuple(f"tail@{q}>{j}+1" for q in shares for j in js))
+
+
+def same_shape(cfg: dict, others: list[dict]) -> dict | None:
+    """The config of `others` (another seed's sweep) with `cfg`'s workload shape (name without its seed,
+    page, regime) whose pool is nearest `cfg`'s (in the shape's units); None: that seed has none."""
+    name = cfg["name"].split(" seed ")[0]
+    match = [c for c in others if c["name"].split(" seed ")[0] == name and c["page"] == cfg["page"]
+             and c["regime"] == cfg["regime"]]
+    return min(match, key=lambda c: abs(c["m"] - cfg["m"]), default=None)
