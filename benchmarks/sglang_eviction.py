@@ -352,7 +352,7 @@ def transfer_report(label: str, cfg: dict, rule: str, others_by_seed: dict) -> l
         lost.append(loses(r, b))
         parts.append(f"seed {sd} m={other['m']:.1f}: P99 {100 * (r['p99'] / b['p99'] - 1) if b['p99'] else 0:+.1f} %, "
                      f"hits {100 * (r['hit'] / b['hit'] - 1):+.2f} %{' LOSS' if lost[-1] else ''}")
-    print(f"transfer: {label}: {rule}: " + "; ".join(parts), flush=True)
+    print(f"transfer: {label}: {rule}: " + ("; ".join(parts) or "no config of this shape in those seeds"), flush=True)
     return lost
 
 
